@@ -1,0 +1,320 @@
+"""hetplan's command line: parse, call one function in ``planner``, print with rich.
+
+Every bad input ends in one line ``error: FILE: FIELD: reason`` and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+from planner import __version__
+from planner.errors import HetplanError
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def _print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def _csv(value: str | None, *, param: str) -> list[str]:
+    if value is None:
+        return []
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise HetplanError(f"expected a comma-separated list, got {value!r}", field=param)
+    return items
+
+
+def _csv_ints(value: str, *, param: str) -> tuple[int, ...]:
+    out = []
+    for item in _csv(value, param=param):
+        if not item.isdigit() or int(item) < 1:
+            raise HetplanError(f"expected positive integers such as 1,2,4,8, got {item!r}", field=param)
+        out.append(int(item))
+    return tuple(sorted(set(out)))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="hetplan")
+def cli() -> None:
+    """Plan and run hybrid pipeline + data parallel training on heterogeneous GPU clusters.
+
+    \b
+    Example, end to end on bundled defaults:
+      hetplan demo
+    """
+
+
+# --------------------------------------------------------------------------- devices
+@cli.command()
+@click.option("--catalog", type=click.Path(dir_okay=False), help="A device catalog file (default: the bundled one).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def devices(catalog: str | None, as_json: bool) -> None:
+    """List the device catalog: memory, bandwidth and dense peak TFLOP/s per dtype.
+
+    \b
+    Example:
+      hetplan devices
+    """
+    from planner.contracts.catalog import load_catalog
+    from planner.views.contracts import renderables, summary
+
+    loaded = load_catalog(catalog)
+    if as_json:
+        _print_json(summary("catalog", loaded))
+    else:
+        console.print(*renderables("catalog", loaded))
+
+
+# --------------------------------------------------------------------------- profile
+def _family_options(func: Any) -> Any:
+    """One option per model setting any family knows (--layers, --hidden, ...)."""
+    from planner.profile.analytic import FAMILIES
+
+    keys: dict[str, Any] = {}
+    for family in FAMILIES.values():
+        for key, default in family.defaults.items():
+            keys.setdefault(key, type(default))
+    for key in sorted(keys, reverse=True):
+        kind = keys[key]
+        option_type = click.INT if kind is int else (click.FLOAT if kind is float else click.STRING)
+        func = click.option(
+            f"--{key.replace('_', '-')}",
+            key,
+            type=option_type,
+            default=None,
+            help=f"Model setting '{key}' (families that have it).",
+        )(func)
+    return func
+
+
+@cli.command()
+@click.argument("family")
+@_family_options
+@click.option("--analytic", is_flag=True, help="Estimate from FLOPs and bytes against the catalog (no torch).")
+@click.option("--devices", "device_list", default=None, help="Device types to estimate for, comma-separated.")
+@click.option("--dtype", default="fp32", type=click.Choice(["fp32", "tf32", "fp16", "bf16"]), show_default=True)
+@click.option("--micro-batches", default="1,2,4,8", show_default=True, help="Micro-batch sizes to time.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile file to write.")
+def profile(
+    family: str, analytic: bool, device_list: str | None, dtype: str, micro_batches: str, output: str, **settings: Any
+) -> None:
+    """Profile a model's per-block costs into a model-profile YAML file.
+
+    \b
+    Examples:
+      hetplan profile gpt --layers 12 --hidden 768 --heads 12 --seq 256 --analytic \\
+          --devices A100-80GB,V100-16GB,T4 -o gpt.profile.yaml
+      hetplan profile resnet --depth 50 --analytic --devices V100-16GB -o resnet50.yaml
+    """
+    from planner.contracts.catalog import load_catalog
+    from planner.profile.analytic import analytic_profile
+
+    config = {k: v for k, v in settings.items() if v is not None}
+    if not analytic:
+        raise HetplanError(
+            "measuring a real model with torch is not built yet; add --analytic to estimate from FLOPs and bytes",
+            field="--analytic",
+        )
+    catalog = load_catalog()
+    names = _csv(device_list, param="--devices") or ["A100-80GB"]
+    types = [catalog.get(n, field="--devices") for n in names]
+    result = analytic_profile(
+        family, config, devices=types, dtype=dtype, micro_batches=_csv_ints(micro_batches, param="--micro-batches")
+    )
+    result.save(output)
+    params = sum(b.params for b in result.blocks)
+    console.print(
+        f"wrote {output}: {family}, {len(result.blocks)} blocks, {params:,} parameters, "
+        f"estimated for {', '.join(names)}"
+    )
+
+
+# --------------------------------------------------------------------------- import
+@cli.group(name="import")
+def import_() -> None:
+    """Import another planner's real per-layer profile (PipeDream, Sailor, Piper).
+
+    \b
+    Example:
+      hetplan import sailor ../shared/external/sailor/profiles.json --model OPT-350 -o opt350.yaml
+    """
+
+
+def _save_import(result: Any, output: str) -> None:
+    result.save(output)
+    console.print(f"wrote {output}: {len(result.blocks)} blocks, device types {', '.join(result.device_types())}")
+
+
+@import_.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--device-type", default="V100-16GB", show_default=True, help="GPU the graph was profiled on.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Profiled batch (inferred if omitted).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
+def pipedream(file: str, device_type: str, batch_size: int | None, output: str) -> None:
+    """Import a PipeDream graph.txt.
+
+    \b
+    Example:
+      hetplan import pipedream ../shared/external/pipedream/vgg16.graph.txt -o vgg16.yaml
+    """
+    from planner.profile.importers import import_pipedream
+
+    _save_import(import_pipedream(file, device_type=device_type, batch_size=batch_size), output)
+
+
+@import_.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--model", required=True, help="Model in the file, for example OPT-350.")
+@click.option("--gpu-types", default=None, help="GPU types to take, comma-separated (default: all in the file).")
+@click.option(
+    "--training-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Sailor training config (default: the matching training_config_*.json beside FILE).",
+)
+@click.option("--tensor-parallel", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
+def sailor(
+    file: str, model: str, gpu_types: str | None, training_config: str | None, tensor_parallel: int, output: str
+) -> None:
+    """Import a Sailor profiles.json for one model.
+
+    \b
+    Example:
+      hetplan import sailor ../shared/external/sailor/profiles.json --model OPT-350 -o opt350.yaml
+    """
+    from planner.profile.importers import import_sailor
+
+    types = _csv(gpu_types, param="--gpu-types") or None
+    _save_import(
+        import_sailor(
+            file, model=model, gpu_types=types, training_config=training_config, tensor_parallel=tensor_parallel
+        ),
+        output,
+    )
+
+
+@import_.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--device-type", default="A100-80GB", show_default=True, help="GPU the profile was measured on.")
+@click.option("--variant", default="vanilla", show_default=True, help="Piper TMPC variant id.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
+def piper(file: str, device_type: str, variant: str, output: str) -> None:
+    """Import a Piper JSON profile.
+
+    \b
+    Example:
+      hetplan import piper ../shared/external/piper/bert32a100.json -o bert32.yaml
+    """
+    from planner.profile.importers import import_piper
+
+    _save_import(import_piper(file, device_type=device_type, variant=variant), output)
+
+
+# --------------------------------------------------------------------------- validate / show
+@cli.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+def validate(files: tuple[str, ...]) -> None:
+    """Check contract files (catalog, cluster, profile, plan, run log); a plan is also checked
+    against the profile and cluster it names.
+
+    \b
+    Example:
+      hetplan validate profiles/devices.yaml profiles/clusters/*.yaml
+    """
+    from planner.contracts.anyfile import load_any
+    from planner.contracts.plan import check_plan, load_plan_inputs
+
+    failures = 0
+    for path in files:
+        try:
+            kind, obj = load_any(path)
+            if kind == "plan":
+                profile_, cluster_ = load_plan_inputs(obj)
+                check_plan(obj, cluster_, profile_)
+        except HetplanError as exc:
+            failures += 1
+            err_console.print(f"error: {exc}", markup=False)
+            continue
+        console.print(f"ok    {path}  ({kind})", markup=False)
+    if failures:
+        raise SystemExit(2)
+
+
+@cli.command()
+@click.argument("file", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def show(file: str, as_json: bool) -> None:
+    """Show any contract file as a table a person reads (or JSON with --json).
+
+    \b
+    Example:
+      hetplan show profiles/clusters/mixed-a100-v100.yaml
+    """
+    from planner.contracts.anyfile import load_any
+    from planner.views.contracts import renderables, summary
+
+    kind, obj = load_any(file)
+    if as_json:
+        _print_json(summary(kind, obj))
+    else:
+        console.print(*renderables(kind, obj))
+
+
+# --------------------------------------------------------------------------- demo
+@cli.command()
+@click.option("-o", "--output-dir", default="hetplan-demo", show_default=True, type=click.Path(file_okay=False))
+def demo(output_dir: str) -> None:
+    """Run the main job end to end on bundled defaults and keep every file it writes.
+
+    \b
+    Example:
+      hetplan demo -o demo/
+    """
+    from planner.demo import run_demo
+
+    run_demo(Path(output_dir), console=console)
+
+
+# --------------------------------------------------------------------------- entry point
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; bad input becomes one line on stderr and exit code 2."""
+    try:
+        code = cli.main(args=argv, prog_name="hetplan", standalone_mode=False)
+    except HetplanError as exc:
+        err_console.print(f"error: {exc}", markup=False)
+        raise SystemExit(2) from None
+    except click.UsageError as exc:
+        where = f"hetplan {exc.ctx.command_path.split(' ', 1)[1]}: " if exc.ctx and " " in exc.ctx.command_path else ""
+        err_console.print(f"error: {where}{exc.format_message()} (see --help)", markup=False)
+        raise SystemExit(2) from None
+    except click.ClickException as exc:
+        err_console.print(f"error: {exc.format_message()}", markup=False)
+        raise SystemExit(2) from None
+    except click.Abort:
+        err_console.print("aborted", markup=False)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except Exception as exc:  # a bug: still one line unless asked for the traceback
+        if os.environ.get("HETPLAN_DEBUG"):
+            raise
+        err_console.print(
+            f"internal error: {type(exc).__name__}: {exc} (set HETPLAN_DEBUG=1 for a traceback)", markup=False
+        )
+        raise SystemExit(1) from None
+    raise SystemExit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,43 @@
+"""Load any contract file by what it says it is (its ``schema:`` line, or ``.jsonl`` for run logs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from planner.contracts.catalog import CATALOG_SCHEMA, load_catalog
+from planner.contracts.cluster import CLUSTER_SCHEMA, parse_cluster
+from planner.contracts.model_profile import PROFILE_SCHEMA, parse_profile
+from planner.contracts.plan import PLAN_SCHEMA, parse_plan
+from planner.contracts.runlog import load_run_log
+from planner.contracts.yamlio import read_mapping, schema_of
+from planner.errors import HetplanError
+
+__all__ = ["KINDS", "load_any"]
+
+KINDS = {
+    CATALOG_SCHEMA: "catalog",
+    CLUSTER_SCHEMA: "cluster",
+    PROFILE_SCHEMA: "profile",
+    PLAN_SCHEMA: "plan",
+}
+
+
+def load_any(path: str | Path) -> tuple[str, Any]:
+    """``(kind, object)`` for a catalog, cluster, profile, plan or run log file."""
+    if str(path).endswith(".jsonl"):
+        return "runlog", load_run_log(path)
+    data = read_mapping(path)
+    schema = schema_of(data, path)
+    kind = KINDS.get(schema)
+    if kind is None:
+        known = ", ".join(KINDS)
+        raise HetplanError(f"unknown schema {schema!r}; expected one of {known}", file=str(path), field="schema")
+    name = str(path)
+    if kind == "catalog":
+        return kind, load_catalog(path)
+    if kind == "cluster":
+        return kind, parse_cluster(data, file=name)
+    if kind == "profile":
+        return kind, parse_profile(data, file=name)
+    return kind, parse_plan(data, file=name)

@@ -1,0 +1,325 @@
+"""A plan: pipelines (virtual workers) of stages on devices, with batch shares and micro-batches.
+
+    plan = load_plan("plan.yaml")
+    profile, cluster = load_plan_inputs(plan)     # the files it names, resolved beside it
+    check_plan(plan, cluster, profile)            # every reference resolves, ranges tile the model
+
+A stage is a half-open block range ``[start, end)`` on one or more devices; several devices make a
+replicated stage, each taking ``shares[i]`` of every micro-batch (:func:`split_micro_batch` turns
+shares into whole samples, the same way for the simulator and the runtime). Hand-written plans need
+only the minimal keys: ``schema``, ``inputs`` (paths), ``global_batch``, ``pipelines``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner import __version__
+from planner.contracts.catalog import DTYPES
+from planner.contracts.cluster import Cluster, load_cluster
+from planner.contracts.fields import Fields
+from planner.contracts.model_profile import ModelProfile, load_profile
+from planner.contracts.yamlio import read_mapping, schema_of, sha256_of, write_yaml
+from planner.errors import HetplanError
+
+__all__ = [
+    "OPTIMIZERS",
+    "PLAN_SCHEMA",
+    "SCHEDULES",
+    "SYNC_MODES",
+    "Pipeline",
+    "Plan",
+    "Stage",
+    "check_plan",
+    "load_plan",
+    "load_plan_inputs",
+    "parse_plan",
+    "split_micro_batch",
+]
+
+PLAN_SCHEMA = "hetplan/plan/v1"
+SCHEDULES = ("1f1b", "gpipe")
+OPTIMIZERS = ("sgd", "momentum", "adam")
+SYNC_MODES = ("allreduce",)
+
+
+def split_micro_batch(size: int, shares: tuple[float, ...]) -> tuple[int, ...]:
+    """Whole samples per replica for a micro-batch of ``size`` split by ``shares``.
+
+    Largest-remainder rounding, ties to the lower index: deterministic, sums to ``size``, and
+    every replica's count is within one sample of ``size * share``.
+    """
+    if len(shares) == 1:
+        return (size,)
+    total = sum(shares)
+    exact = [size * s / total for s in shares]
+    counts = [int(x) for x in exact]
+    left = size - sum(counts)
+    order = sorted(range(len(shares)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[:left]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Blocks ``[start, end)`` on ``devices``; ``shares`` of each micro-batch per device."""
+
+    start: int
+    end: int
+    devices: tuple[str, ...]
+    shares: tuple[float, ...]
+
+    @property
+    def replicated(self) -> bool:
+        return len(self.devices) > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"blocks": [self.start, self.end], "devices": list(self.devices)}
+        if self.replicated:
+            out["shares"] = list(self.shares)
+        return out
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One virtual worker: a batch share, its micro-batch sizes (in order), its stages."""
+
+    batch: int
+    micro_batches: tuple[int, ...]
+    stages: tuple[Stage, ...]
+
+    def devices(self) -> list[str]:
+        return [d for s in self.stages for d in s.devices]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "batch": self.batch,
+            "micro_batches": list(self.micro_batches),
+            "stages": [s.to_dict() for s in self.stages],
+        }
+
+
+@dataclass
+class Plan:
+    """Settings, pipelines, and what the planner predicted (see DESIGN.md, 'Plan')."""
+
+    global_batch: int
+    pipelines: list[Pipeline]
+    schedule: str = "1f1b"
+    dtype: str | None = None  # None: the profile's dtype
+    optimizer: str = "adam"
+    sync: str = "allreduce"
+    inputs: dict[str, dict[str, str]] = field(default_factory=dict)
+    tool: dict[str, str] = field(default_factory=lambda: {"name": "hetplan", "version": __version__})
+    predicted: dict[str, Any] = field(default_factory=dict)
+    baselines: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    file: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"schema": PLAN_SCHEMA, "tool": dict(self.tool)}
+        if self.inputs:
+            out["inputs"] = self.inputs
+        out["global_batch"] = self.global_batch
+        if self.dtype:
+            out["dtype"] = self.dtype
+        out["optimizer"] = self.optimizer
+        out["schedule"] = self.schedule
+        out["sync"] = self.sync
+        out["pipelines"] = [p.to_dict() for p in self.pipelines]
+        if self.predicted:
+            out["predicted"] = self.predicted
+        if self.baselines:
+            out["baselines"] = self.baselines
+        if self.details:
+            out["details"] = self.details
+        return out
+
+    def save(self, path: str | Path) -> None:
+        write_yaml(self.to_dict(), path)
+
+    def all_devices(self) -> list[str]:
+        return [d for p in self.pipelines for d in p.devices()]
+
+
+def _parse_stage(s: Fields) -> Stage:
+    rng = s.list("blocks")
+    if len(rng) != 2:
+        raise s.error("expected a half-open block range [start, end]", "blocks")
+    start = s.check_integer(rng[0], "blocks[0]", minimum=0)
+    end = s.check_integer(rng[1], "blocks[1]", minimum=1)
+    if end <= start:
+        raise s.error(f"expected start < end, got [{start}, {end}]", "blocks")
+    devices = s.list("devices")
+    for i, d in enumerate(devices):
+        if not isinstance(d, str) or "/" not in d:
+            raise s.error(f"expected a device address NODE/INDEX, got {d!r}", f"devices[{i}]")
+    if len(set(devices)) != len(devices):
+        raise s.error("a device appears twice in one stage", "devices")
+    if s.has("shares"):
+        shares = s.list("shares")
+        if len(shares) != len(devices):
+            raise s.error(f"expected {len(devices)} shares (one per device), got {len(shares)}", "shares")
+        values = tuple(s.check_number(v, f"shares[{i}]", positive=True) for i, v in enumerate(shares))
+        if abs(sum(values) - 1.0) > 1e-6:
+            raise s.error(f"shares must sum to 1, got {sum(values):.6g}", "shares")
+    else:
+        values = tuple(1.0 / len(devices) for _ in devices)
+    s.done()
+    return Stage(start=start, end=end, devices=tuple(devices), shares=values)
+
+
+def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
+    """Build a :class:`Plan` from a parsed mapping; checks what needs no other file."""
+    f = Fields(data, file=file)
+    schema = f.str("schema")
+    if schema != PLAN_SCHEMA:
+        raise f.error(f"expected schema {PLAN_SCHEMA}, got {schema!r}", "schema")
+    tool = f.raw("tool", {"name": "hetplan", "version": __version__})
+    inputs_f = f.child("inputs")
+    inputs: dict[str, dict[str, str]] = {}
+    for key in ("profile", "cluster"):
+        entry = inputs_f.child(key)
+        item = {"path": entry.str("path")}
+        sha = entry.str("sha256", None)
+        if sha is not None:
+            item["sha256"] = sha
+        entry.done()
+        inputs[key] = item
+    inputs_f.done()
+    global_batch = f.integer("global_batch", minimum=1)
+    pipelines: list[Pipeline] = []
+    for p in f.list("pipelines"):
+        if not isinstance(p, Fields):
+            raise f.error("expected each pipeline to be a mapping {batch, micro_batches, stages}", "pipelines")
+        batch = p.integer("batch", minimum=1)
+        sizes = p.list("micro_batches")
+        micro = tuple(p.check_integer(v, f"micro_batches[{i}]", minimum=1) for i, v in enumerate(sizes))
+        if sum(micro) != batch:
+            raise p.error(
+                f"micro-batch sizes sum to {sum(micro)}, expected the pipeline's batch {batch}", "micro_batches"
+            )
+        stages = []
+        for s in p.list("stages"):
+            if not isinstance(s, Fields):
+                raise p.error("expected each stage to be a mapping {blocks, devices}", "stages")
+            stages.append(_parse_stage(s))
+        for i in range(1, len(stages)):
+            if stages[i].start != stages[i - 1].end:
+                gap = "a gap" if stages[i].start > stages[i - 1].end else "an overlap"
+                raise p.error(
+                    f"stage {i} starts at block {stages[i].start} but stage {i - 1} ends at "
+                    f"{stages[i - 1].end} ({gap})",
+                    f"stages[{i}].blocks",
+                )
+        if stages[0].start != 0:
+            raise p.error(f"the first stage must start at block 0, got {stages[0].start}", "stages[0].blocks")
+        p.done()
+        pipelines.append(Pipeline(batch=batch, micro_batches=micro, stages=tuple(stages)))
+    if sum(p.batch for p in pipelines) != global_batch:
+        raise f.error(
+            f"pipeline batches sum to {sum(p.batch for p in pipelines)}, expected global_batch {global_batch}",
+            "pipelines",
+        )
+    ends = {p.stages[-1].end for p in pipelines}
+    if len(ends) != 1:
+        raise f.error(f"pipelines end at different blocks {sorted(ends)}; each must cover the whole model", "pipelines")
+    seen: dict[str, str] = {}
+    for pi, p in enumerate(pipelines):
+        for si, s in enumerate(p.stages):
+            for d in s.devices:
+                if d in seen:
+                    raise f.error(
+                        f"device {d} is used twice (also in {seen[d]})", f"pipelines[{pi}].stages[{si}].devices"
+                    )
+                seen[d] = f"pipelines[{pi}].stages[{si}]"
+    plan = Plan(
+        global_batch=global_batch,
+        pipelines=pipelines,
+        schedule=f.str("schedule", "1f1b", choices=SCHEDULES),
+        dtype=f.str("dtype", None, choices=DTYPES),
+        optimizer=f.str("optimizer", "adam", choices=OPTIMIZERS),
+        sync=f.str("sync", "allreduce", choices=SYNC_MODES),
+        inputs=inputs,
+        tool=tool if isinstance(tool, dict) else {"name": str(tool)},
+        predicted=f.raw("predicted", {}) or {},
+        baselines=f.raw("baselines", {}) or {},
+        details=f.raw("details", {}) or {},
+        file=file,
+    )
+    f.done()
+    return plan
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Load and validate a plan file (on its own; see :func:`check_plan` for its inputs)."""
+    data = read_mapping(path)
+    schema_of(data, path)
+    return parse_plan(data, file=str(path))
+
+
+def _input_path(plan: Plan, key: str) -> Path:
+    raw = Path(plan.inputs[key]["path"])
+    if raw.is_absolute() or plan.file is None:
+        return raw
+    return Path(plan.file).parent / raw
+
+
+def load_plan_inputs(
+    plan: Plan, *, profile: str | Path | None = None, cluster: str | Path | None = None, strict: bool = True
+) -> tuple[ModelProfile, Cluster]:
+    """Load the profile and cluster a plan names (or the given overrides), checking their sha256.
+
+    A file whose digest differs from the one recorded means the plan was made for other inputs:
+    with ``strict`` that is an error naming the field, since simulating or launching it would be
+    silently wrong.
+    """
+    paths = {
+        "profile": Path(profile) if profile else _input_path(plan, "profile"),
+        "cluster": Path(cluster) if cluster else _input_path(plan, "cluster"),
+    }
+    for key, path in paths.items():
+        if not path.is_file():
+            raise HetplanError(
+                f"the {key} file {str(path)!r} does not exist", file=plan.file, field=f"inputs.{key}.path"
+            )
+        recorded = plan.inputs.get(key, {}).get("sha256")
+        if strict and recorded and sha256_of(path) != recorded:
+            raise HetplanError(
+                f"{path} has changed since the plan was made (sha256 differs); re-run 'hetplan plan'",
+                file=plan.file,
+                field=f"inputs.{key}.sha256",
+            )
+    loaded_profile = load_profile(paths["profile"])
+    loaded_cluster = load_cluster(paths["cluster"])
+    return loaded_profile, loaded_cluster
+
+
+def check_plan(plan: Plan, cluster: Cluster, profile: ModelProfile) -> None:
+    """Check a plan against its cluster and profile: devices exist, ranges tile the model, times exist."""
+    n = len(profile.blocks)
+    for pi, p in enumerate(plan.pipelines):
+        if p.stages[-1].end != n:
+            raise HetplanError(
+                f"the last stage ends at block {p.stages[-1].end} but the profile has {n} blocks",
+                file=plan.file,
+                field=f"pipelines[{pi}].stages[{len(p.stages) - 1}].blocks",
+            )
+        for si, s in enumerate(p.stages):
+            for di, address in enumerate(s.devices):
+                device = cluster.device(address, file=plan.file, field=f"pipelines[{pi}].stages[{si}].devices[{di}]")
+                try:
+                    profile.time_scale(device.type)
+                except HetplanError as exc:
+                    raise HetplanError(
+                        f"{exc.reason} (device {address} of pipelines[{pi}].stages[{si}])",
+                        file=profile.file,
+                        field=exc.field,
+                    ) from None
+    if plan.dtype and plan.dtype != profile.dtype:
+        raise HetplanError(
+            f"plan dtype {plan.dtype} differs from the profile's {profile.dtype}", file=plan.file, field="dtype"
+        )

@@ -1,0 +1,118 @@
+"""Read and write contract files: YAML in, typed objects out; deterministic bytes back.
+
+Loading never raises anything but :class:`~planner.errors.HetplanError`: a missing file, a YAML
+syntax error, binary garbage, an empty file, or a top level that is not a mapping all become one
+line naming the file. Dumping is deterministic: keys keep the order the caller built, floats are
+written with ``repr`` (shortest round-trip form), so the same object gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.errors import HetplanError
+
+__all__ = ["dump_yaml", "read_mapping", "schema_of", "sha256_of", "write_yaml"]
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (a silent overwrite hides a typo)."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """Parse a YAML (or JSON) file whose top level must be a mapping."""
+    name = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise HetplanError("file not found", file=name) from None
+    except IsADirectoryError:
+        raise HetplanError("is a directory, expected a YAML file", file=name) from None
+    except OSError as exc:
+        raise HetplanError(f"cannot read: {exc.strerror}", file=name) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HetplanError("not a text file (invalid UTF-8); expected YAML", file=name) from None
+    if "\x00" in text:
+        raise HetplanError("not a text file (NUL bytes); expected YAML", file=name)
+    if not text.strip():
+        raise HetplanError("empty file; expected a YAML mapping with a 'schema:' line", file=name)
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
+        raise HetplanError(f"YAML syntax error at {where}: {exc.problem}", file=name) from None
+    except yaml.YAMLError as exc:
+        raise HetplanError(f"YAML error: {exc}", file=name) from None
+    if not isinstance(data, dict):
+        got = "nothing" if data is None else type(data).__name__
+        raise HetplanError(f"expected a YAML mapping at the top level, got {got}", file=name)
+    return data
+
+
+def schema_of(data: dict[str, Any], path: str | Path) -> str:
+    """The ``schema:`` line of a parsed file, which says which contract it is."""
+    schema = data.get("schema")
+    if not isinstance(schema, str):
+        raise HetplanError("missing 'schema:' line (for example 'hetplan/cluster/v1')", file=str(path), field="schema")
+    return schema
+
+
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper that never emits anchors (plans must read the same to people and diff tools)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_tuple(dumper: yaml.SafeDumper, data: tuple) -> yaml.Node:
+    return dumper.represent_list(list(data))
+
+
+def _represent_float(dumper: yaml.SafeDumper, data: float) -> yaml.Node:
+    if data != data or data in (float("inf"), float("-inf")):
+        return yaml.SafeDumper.represent_float(dumper, data)
+    return dumper.represent_scalar("tag:yaml.org,2002:float", repr(float(data)))
+
+
+_Dumper.add_representer(tuple, _represent_tuple)
+_Dumper.add_representer(float, _represent_float)
+
+
+def dump_yaml(data: dict[str, Any]) -> str:
+    """Deterministic YAML text: insertion order kept, short flow style for lists of scalars."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=None, width=100, allow_unicode=True)
+
+
+def write_yaml(data: dict[str, Any], path: str | Path) -> None:
+    """Write ``dump_yaml(data)`` to ``path``, creating its folder."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.write_text(dump_yaml(data), encoding="utf-8")
+    except OSError as exc:
+        raise HetplanError(f"cannot write: {exc.strerror}", file=str(path)) from None
+
+
+def sha256_of(path: str | Path) -> str:
+    """Hex digest of a file's bytes, recorded in a plan so a stale input is noticed."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

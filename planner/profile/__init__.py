@@ -1,0 +1,1 @@
+"""Profiles: measured, analytic and imported model costs."""

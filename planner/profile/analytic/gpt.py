@@ -1,0 +1,94 @@
+"""GPT (decoder-only, pre-LN, GPT-2 layout) at sub-block granularity.
+
+    from planner.profile.analytic import FAMILIES
+    costs = FAMILIES["gpt"].blocks({"layers": 12, "hidden": 768, "seq": 1024})
+    [c.name for c in costs][:3]          # ['embedding', 'layer0.attn', 'layer0.mlp']
+
+Blocks: ``embedding`` (token + position lookup, add, dropout), then per layer ``layerN.attn`` and
+``layerN.mlp`` (see :mod:`planner.profile.analytic.transformer`), then ``head`` (final LayerNorm and
+the LM head). The LM head is **untied**: it has its own V·h weight matrix, so the parameter count
+is GPT-2's (which ties it to the token embedding) plus V·h. Tying would make two stages share a
+weight, which a pipeline partition cannot express without an extra all-reduce. The position
+table has ``seq`` rows (the model is built for the context it trains at).
+
+The head returns the logits (s·V·d bytes per sample); the cross-entropy's saved log-softmax
+(another s·V·d) is counted in the head's activation bytes, since the loss runs on the same device.
+"""
+
+from __future__ import annotations
+
+from planner.profile.analytic.base import BlockCost, config_error, dtype_bytes
+from planner.profile.analytic.transformer import attention_block, mlp_block
+
+__all__ = ["DEFAULTS", "HELP", "blocks", "check", "embedding_block", "input_bytes", "lm_head_block"]
+
+DEFAULTS: dict[str, int] = {"layers": 12, "hidden": 768, "heads": 12, "seq": 256, "vocab": 50257}
+HELP = "GPT-2 style decoder (pre-LN, FFN 4x hidden, untied LM head); blocks: embedding, layerN.attn/mlp, head"
+
+#: Token ids are int64.
+TOKEN_ID_BYTES = 8
+
+
+def check(config: dict[str, int]) -> None:
+    """Attention heads must split the hidden size evenly."""
+    if config["hidden"] % config["heads"]:
+        raise config_error("heads", f"expected a divisor of hidden ({config['hidden']}), got {config['heads']}")
+
+
+def embedding_block(*, seq: int, hidden: int, vocab: int, positions: int, d: int) -> BlockCost:
+    """Token and position lookups, their sum and dropout (GPT-2 layout, no LayerNorm)."""
+    s, h = seq, hidden
+    params = vocab * h + positions * h
+    return BlockCost(
+        name="embedding",
+        kind="embedding",
+        params=params,
+        param_bytes=float(params * d),
+        flops_fwd=0.0,
+        activation_bytes=float(s * h),  # the dropout mask; lookups need only the ids
+        output_bytes=float(s * h * d),
+        weight_traffic=0.0,  # a lookup reads s rows per sample, counted below, not the table
+        # ids read, two rows gathered, sum written, dropout read+write, mask written
+        activation_traffic=float(s * TOKEN_ID_BYTES + 5 * s * h * d + s * h),
+        work_items=float(s),
+        kernels=4,  # two lookups, add, dropout
+        # backward fills a dense gradient for both tables and accumulates into .grad
+        bwd_weight_traffic=float(2 * params * d),
+    )
+
+
+def lm_head_block(*, seq: int, hidden: int, vocab: int, d: int) -> BlockCost:
+    """Final LayerNorm + untied LM head (no bias); returns logits."""
+    s, h, v = seq, hidden, vocab
+    params = 2 * h + v * h
+    return BlockCost(
+        name="head",
+        kind="head",
+        params=params,
+        param_bytes=float(params * d),
+        flops_fwd=2.0 * s * h * v,
+        # LN input, LM-head input, the loss's log-softmax over the logits
+        activation_bytes=float(2 * s * h * d + s * v * d),
+        output_bytes=float(s * v * d),
+        weight_traffic=float(params * d),
+        activation_traffic=float(d * (2 * s * h + s * h + s * v)),  # LN read+write, GEMM read, logits written
+        work_items=float(s),
+        kernels=2,
+    )
+
+
+def blocks(config: dict[str, int], dtype: str) -> list[BlockCost]:
+    """The block list for a full, checked config."""
+    d = dtype_bytes(dtype)
+    s, h, a, v = config["seq"], config["hidden"], config["heads"], config["vocab"]
+    out = [embedding_block(seq=s, hidden=h, vocab=v, positions=s, d=d)]
+    for i in range(config["layers"]):
+        out.append(attention_block(f"layer{i}.attn", seq=s, hidden=h, heads=a, dtype_bytes=d))
+        out.append(mlp_block(f"layer{i}.mlp", seq=s, hidden=h, ffn=4 * h, dtype_bytes=d))
+    out.append(lm_head_block(seq=s, hidden=h, vocab=v, d=d))
+    return out
+
+
+def input_bytes(config: dict[str, int], dtype: str) -> float:
+    """Per sample: ``seq`` int64 token ids."""
+    return float(config["seq"] * TOKEN_ID_BYTES)

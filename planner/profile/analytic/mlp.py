@@ -1,0 +1,49 @@
+"""A plain multi-layer perceptron: ``layers`` linear layers, ReLU between them.
+
+    from planner.profile.analytic import FAMILIES
+    costs = FAMILIES["mlp"].blocks({"layers": 3, "width": 512})
+    [c.name for c in costs]                       # ['layer0', 'layer1', 'layer2']
+
+Block ``layerI`` is linear + ReLU (input -> width, then width -> width); the last block is the
+linear layer to ``classes`` alone, returning the logits. One row of work per sample, so small
+micro-batches run far below peak (see :func:`planner.profile.roofline.compute_efficiency`).
+"""
+
+from __future__ import annotations
+
+from planner.profile.analytic.base import BlockCost, dtype_bytes
+from planner.profile.analytic.tally import Tally
+
+__all__ = ["DEFAULTS", "HELP", "blocks", "check", "input_bytes"]
+
+DEFAULTS: dict[str, int] = {"layers": 4, "width": 1024, "input": 784, "classes": 10}
+HELP = "MLP: layers linear layers (input -> width ... -> classes), ReLU between; one block per linear"
+
+
+def check(config: dict[str, int]) -> None:
+    """Positive integers are all it needs (checked in common)."""
+
+
+def blocks(config: dict[str, int], dtype: str) -> list[BlockCost]:
+    """The block list for a full, checked config."""
+    d = dtype_bytes(dtype)
+    n = config["layers"]
+    out: list[BlockCost] = []
+    fin = config["input"]
+    for i in range(n):
+        last = i == n - 1
+        fout = config["classes"] if last else config["width"]
+        t = Tally(d)
+        t.linear(fin, fout, keep_input=True)
+        if last:
+            t.log_softmax(fout)
+        else:
+            t.relu(fout, keep_output=False)  # its output is the next block's (kept) input
+        out.append(t.block(f"layer{i}", "head" if last else "linear", output_elems=fout, work_items=1))
+        fin = fout
+    return out
+
+
+def input_bytes(config: dict[str, int], dtype: str) -> float:
+    """Per sample: ``input`` features at the compute dtype."""
+    return float(config["input"] * dtype_bytes(dtype))

@@ -1,0 +1,191 @@
+"""Compile a plan into per-device action lists (GPipe or 1F1B), transfers and gradient groups.
+
+    compiled = compile_plan(plan, n_blocks=24)
+    compiled.programs["node0/0"].render()   # 'F0 SA0>node0/1 F1 ... B0 ... AR0 OPT'
+    compiled.groups[0].devices              # devices that all-reduce group 0's gradients
+
+Orders, stage ``s`` of ``S`` with ``M`` micro-batches:
+
+* ``gpipe``: every forward, then every backward (ascending, as torch's ScheduleGPipe).
+* ``1f1b``: ``min(S - s - 1, M)`` warm-up forwards, then one forward / one backward alternating,
+  then the remaining backwards (PipeDream-flush). Stage ``s`` holds at most ``min(S - s, M)``
+  micro-batches' activations.
+
+A replicated stage's device computes only its share of each micro-batch (whole samples, from
+:func:`planner.contracts.plan.split_micro_batch`); between stages with different replica counts the
+micro-batch is resharded: each pair of devices exchanges the overlap of their sample ranges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import NamedTuple
+
+from planner.contracts.plan import Plan, split_micro_batch
+from planner.schedule.actions import Action, Kind
+
+__all__ = ["CompiledPlan", "DeviceProgram", "GradGroup", "Transfer", "compile_plan", "gradient_groups", "stage_order"]
+
+
+class Transfer(NamedTuple):
+    """Samples ``[lo, hi)`` of micro-batch ``micro`` crossing boundary ``stage -> stage + 1`` of a pipeline.
+
+    ``grad`` transfers go backwards (from ``stage + 1`` to ``stage``); their size equals the
+    activation's, since the gradient of a tensor has its shape.
+    """
+
+    pipeline: int
+    stage: int
+    micro: int
+    src: str
+    dst: str
+    lo: int
+    hi: int
+    grad: bool = False
+
+    @property
+    def samples(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclass(frozen=True)
+class GradGroup:
+    """Blocks whose gradients live on the same set of devices: one all-reduce."""
+
+    id: int
+    blocks: tuple[int, ...]
+    devices: tuple[str, ...]
+
+
+@dataclass
+class DeviceProgram:
+    """What one device runs in one iteration."""
+
+    address: str
+    pipeline: int
+    stage: int
+    replica: int
+    start: int
+    end: int
+    counts: tuple[int, ...]  # samples of each micro-batch this device computes
+    offsets: tuple[int, ...]  # where its samples start inside each micro-batch
+    actions: list[Action] = field(default_factory=list)
+
+    def render(self) -> str:
+        return " ".join(str(a) for a in self.actions)
+
+
+@dataclass
+class CompiledPlan:
+    programs: dict[str, DeviceProgram]
+    transfers: list[Transfer]
+    groups: list[GradGroup]
+
+
+@lru_cache(maxsize=4096)
+def stage_order(schedule: str, stage: int, n_stages: int, n_micro: int) -> tuple[tuple[Kind, int], ...]:
+    """The compute order of one stage: ``[(F, 0), (F, 1), (B, 0), ...]``."""
+    if schedule == "gpipe":
+        return tuple([(Kind.FORWARD, j) for j in range(n_micro)] + [(Kind.BACKWARD, j) for j in range(n_micro)])
+    warmup = min(n_stages - stage - 1, n_micro)
+    order = [(Kind.FORWARD, j) for j in range(warmup)]
+    for i in range(n_micro - warmup):
+        order.append((Kind.FORWARD, warmup + i))
+        order.append((Kind.BACKWARD, i))
+    order.extend((Kind.BACKWARD, j) for j in range(n_micro - warmup, n_micro))
+    return tuple(order)
+
+
+def gradient_groups(plan: Plan, n_blocks: int) -> list[GradGroup]:
+    """Group blocks by the set of devices that hold them; groups in reverse block order.
+
+    Reverse block order is the order gradients become ready in the backward pass, so it is the
+    order in which a device starts its all-reduces.
+    """
+    holders: list[list[str]] = [[] for _ in range(n_blocks)]
+    for p in plan.pipelines:
+        for s in p.stages:
+            for b in range(s.start, min(s.end, n_blocks)):
+                holders[b].extend(s.devices)
+    by_set: dict[tuple[str, ...], list[int]] = {}
+    for b in range(n_blocks):
+        by_set.setdefault(tuple(holders[b]), []).append(b)
+    ordered = sorted(by_set.items(), key=lambda item: -max(item[1]))
+    return [GradGroup(id=i, blocks=tuple(blocks), devices=devices) for i, (devices, blocks) in enumerate(ordered)]
+
+
+def _reshard(
+    pipeline: int, stage: int, micro: int, senders: list[DeviceProgram], receivers: list[DeviceProgram]
+) -> list[Transfer]:
+    """Transfers for one micro-batch across one boundary: the overlap of every sender/receiver pair."""
+    out = []
+    for s in senders:
+        s_lo, s_hi = s.offsets[micro], s.offsets[micro] + s.counts[micro]
+        for r in receivers:
+            lo = max(s_lo, r.offsets[micro])
+            hi = min(s_hi, r.offsets[micro] + r.counts[micro])
+            if hi > lo:
+                out.append(Transfer(pipeline, stage, micro, s.address, r.address, lo, hi, grad=False))
+    return out
+
+
+def compile_plan(plan: Plan, n_blocks: int) -> CompiledPlan:
+    """Per-device action lists, every transfer, and the gradient groups of ``plan``."""
+    programs: dict[str, DeviceProgram] = {}
+    transfers: list[Transfer] = []
+    stage_programs: list[list[list[DeviceProgram]]] = []
+    for pi, p in enumerate(plan.pipelines):
+        per_stage: list[list[DeviceProgram]] = []
+        for si, s in enumerate(p.stages):
+            splits = [split_micro_batch(m, s.shares) for m in p.micro_batches]
+            replicas = []
+            for ri, address in enumerate(s.devices):
+                counts = tuple(split[ri] for split in splits)
+                offsets = tuple(sum(split[:ri]) for split in splits)
+                program = DeviceProgram(address, pi, si, ri, s.start, s.end, counts, offsets)
+                programs[address] = program
+                replicas.append(program)
+            per_stage.append(replicas)
+        stage_programs.append(per_stage)
+
+    for pi, p in enumerate(plan.pipelines):
+        per_stage = stage_programs[pi]
+        for si in range(len(p.stages) - 1):
+            for j in range(len(p.micro_batches)):
+                for t in _reshard(pi, si, j, per_stage[si], per_stage[si + 1]):
+                    transfers.append(t)
+                    transfers.append(Transfer(pi, si, j, t.dst, t.src, t.lo, t.hi, grad=True))
+
+    # keyed by (device, backward?, micro): plain tuples hash much faster than ones holding an Enum
+    incoming: dict[tuple[str, bool, int], list[Transfer]] = {}
+    outgoing: dict[tuple[str, bool, int], list[Transfer]] = {}
+    for t in transfers:
+        incoming.setdefault((t.dst, t.grad, t.micro), []).append(t)
+        outgoing.setdefault((t.src, t.grad, t.micro), []).append(t)
+
+    groups = gradient_groups(plan, n_blocks)
+    forward, backward = Kind.FORWARD, Kind.BACKWARD
+    for pi, p in enumerate(plan.pipelines):
+        for si in range(len(p.stages)):
+            order = stage_order(plan.schedule, si, len(p.stages), len(p.micro_batches))
+            for program in stage_programs[pi][si]:
+                actions = program.actions
+                address, counts, offsets = program.address, program.counts, program.offsets
+                for kind, j in order:
+                    if counts[j] == 0:
+                        continue
+                    is_bwd = kind is backward
+                    recv = Kind.RECV_GRAD if is_bwd else Kind.RECV_ACT
+                    send = Kind.SEND_GRAD if is_bwd else Kind.SEND_ACT
+                    for t in incoming.get((address, is_bwd, j), ()):
+                        actions.append(Action(recv, j, t.src, t.lo, t.hi))
+                    lo = offsets[j]
+                    actions.append(Action(backward if is_bwd else forward, j, "", lo, lo + counts[j]))
+                    for t in outgoing.get((address, is_bwd, j), ()):
+                        actions.append(Action(send, j, t.dst, t.lo, t.hi))
+                for g in groups:
+                    if len(g.devices) > 1 and address in g.devices:
+                        actions.append(Action(Kind.ALLREDUCE, group=g.id))
+                actions.append(Action(Kind.STEP))
+    return CompiledPlan(programs=programs, transfers=transfers, groups=groups)

@@ -1,0 +1,1 @@
+"""What people and machines see: rich tables and JSON summaries of every contract and result."""

@@ -1,0 +1,247 @@
+"""Rich tables (for people) and plain dicts (for ``--json``) of each contract file.
+
+kind, obj = load_any(path)
+console.print(*renderables(kind, obj))
+print(json.dumps(summary(kind, obj)))
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from planner.contracts.catalog import DTYPES, Catalog
+from planner.contracts.cluster import Cluster
+from planner.contracts.model_profile import ModelProfile
+from planner.contracts.plan import Plan
+from planner.contracts.runlog import StepRecord
+from planner.units import format_bandwidth, format_bytes, format_time
+
+__all__ = ["renderables", "summary"]
+
+
+def catalog_table(catalog: Catalog) -> Table:
+    table = Table(title=f"Device catalog ({len(catalog)} types)", title_justify="left")
+    table.add_column("type")
+    table.add_column("memory", justify="right")
+    table.add_column("mem BW", justify="right")
+    for dtype in DTYPES:
+        table.add_column(f"{dtype} TFLOP/s", justify="right")
+    table.add_column("aliases")
+    for d in catalog:
+        peaks = [f"{d.peak[k] / 1e12:g}" if k in d.peak else "-" for k in DTYPES]
+        table.add_row(
+            d.label(), format_bytes(d.memory), format_bandwidth(d.memory_bandwidth), *peaks, ", ".join(d.aliases)
+        )
+    return table
+
+
+def catalog_summary(catalog: Catalog) -> dict[str, Any]:
+    return {
+        "kind": "catalog",
+        "devices": {
+            d.name: {
+                "memory_bytes": d.memory,
+                "memory_bandwidth_Bps": d.memory_bandwidth,
+                "peak_tflops": {k: v / 1e12 for k, v in d.peak.items()},
+                "aliases": list(d.aliases),
+            }
+            for d in catalog
+        },
+    }
+
+
+def cluster_table(cluster: Cluster) -> list[Any]:
+    title = f"Cluster {cluster.name}: {len(cluster.devices)} devices on {len(cluster.nodes)} nodes"
+    table = Table(title=title, title_justify="left", caption=cluster.description or None, caption_justify="left")
+    table.add_column("node")
+    table.add_column("devices")
+    table.add_column("memory each", justify="right")
+    table.add_column("link inside", justify="right")
+    table.add_column("NIC", justify="right")
+    for node in cluster.nodes:
+        counts = Counter(d.type.label() for d in node.devices)
+        memories = sorted({format_bytes(d.type.memory) for d in node.devices})
+        table.add_row(
+            node.name,
+            ", ".join(f"{n} x {t}" for t, n in counts.items()),
+            ", ".join(memories),
+            f"{format_bandwidth(node.link.bandwidth)}, {format_time(node.link.latency)}",
+            format_bandwidth(node.nic_bandwidth),
+        )
+    lines = [f"network: {format_bandwidth(cluster.network.bandwidth)}, {format_time(cluster.network.latency)}"]
+    for g in cluster.groups:
+        lines.append(f"group {g.name} ({', '.join(sorted(g.nodes))}): {format_bandwidth(g.link.bandwidth)}")
+    for o in cluster.overrides:
+        lines.append(f"between {' and '.join(sorted(o.nodes))}: {format_bandwidth(o.link.bandwidth)}")
+    out: list[Any] = [table, Text("\n".join(lines))]
+    if cluster.emulated:
+        out.append(Text("device speeds are EMULATED (slowdown factors on this machine)", style="bold yellow"))
+    return out
+
+
+def cluster_summary(cluster: Cluster) -> dict[str, Any]:
+    return {
+        "kind": "cluster",
+        "name": cluster.name,
+        "devices": len(cluster.devices),
+        "nodes": [
+            {
+                "name": n.name,
+                "devices": [
+                    {"address": d.address, "type": d.type.name, "emulated": d.type.emulated} for d in n.devices
+                ],
+                "link": {"bandwidth_Bps": n.link.bandwidth, "latency_s": n.link.latency},
+            }
+            for n in cluster.nodes
+        ],
+        "network": {"bandwidth_Bps": cluster.network.bandwidth, "latency_s": cluster.network.latency},
+        "emulated": cluster.emulated,
+    }
+
+
+def profile_table(profile: ModelProfile) -> list[Any]:
+    devices = profile.device_types()
+    model = profile.model.get("family") or profile.model.get("factory") or profile.model.get("name")
+    title = f"Model profile {model} ({profile.dtype}, {len(profile.blocks)} blocks)"
+    table = Table(title=title, title_justify="left")
+    for col in ("#", "block", "kind"):
+        table.add_column(col)
+    for col in ("params", "act/sample", "out/sample", "GFLOP fwd"):
+        table.add_column(col, justify="right")
+    sizes: dict[str, int] = {}
+    for dev in devices:
+        sizes[dev] = min(profile.blocks[0].times[dev])
+        table.add_column(f"{dev} f+b @{sizes[dev]}", justify="right")
+    for i, b in enumerate(profile.blocks):
+        times = []
+        for dev in devices:
+            t = b.times[dev][sizes[dev]]
+            times.append(format_time(t.fwd + t.bwd))
+        table.add_row(
+            str(i),
+            b.name,
+            b.kind,
+            f"{b.params:,}",
+            format_bytes(b.activation_bytes),
+            format_bytes(b.output_bytes),
+            f"{b.flops_fwd / 1e9:.3g}",
+            *times,
+        )
+    total_params = sum(b.params for b in profile.blocks)
+    sources = sorted({t.source for b in profile.blocks for by in b.times.values() for t in by.values()})
+    note = Text(f"total parameters {total_params:,}; times are {', '.join(sources)}; devices: {', '.join(devices)}")
+    return [table, note]
+
+
+def profile_summary(profile: ModelProfile) -> dict[str, Any]:
+    return {
+        "kind": "profile",
+        "model": profile.model,
+        "dtype": profile.dtype,
+        "blocks": len(profile.blocks),
+        "params": sum(b.params for b in profile.blocks),
+        "flops_fwd_per_sample": sum(b.flops_fwd for b in profile.blocks),
+        "device_types": profile.device_types(),
+    }
+
+
+def plan_table(plan: Plan) -> list[Any]:
+    table = Table(
+        title=f"Plan: global batch {plan.global_batch}, {plan.schedule}, {len(plan.pipelines)} pipelines",
+        title_justify="left",
+    )
+    for col in ("pipeline", "batch", "micro-batches", "stage", "blocks", "devices"):
+        table.add_column(col)
+    for pi, p in enumerate(plan.pipelines):
+        for si, s in enumerate(p.stages):
+            devices = ", ".join(
+                f"{d} ({share:.0%})" if s.replicated else d for d, share in zip(s.devices, s.shares, strict=True)
+            )
+            first = si == 0
+            table.add_row(
+                str(pi) if first else "",
+                str(p.batch) if first else "",
+                " ".join(map(str, p.micro_batches)) if first else "",
+                str(si),
+                f"[{s.start}, {s.end})",
+                devices,
+            )
+    out: list[Any] = [table]
+    if plan.predicted:
+        out.append(
+            Text(
+                "predicted: "
+                + ", ".join(f"{k} {v}" for k, v in plan.predicted.items() if not isinstance(v, (dict, list)))
+            )
+        )
+    return out
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    return {"kind": "plan", **plan.to_dict()}
+
+
+def runlog_table(records: list[StepRecord]) -> list[Any]:
+    table = Table(
+        title=f"Run log: {len({r.step for r in records})} steps, {len({r.rank for r in records})} ranks",
+        title_justify="left",
+    )
+    for col in ("rank", "pipeline", "stage", "device", "mean iter", "compute", "wait", "comm", "peak mem"):
+        table.add_column(col)
+    for rank in sorted({r.rank for r in records}):
+        rs = [r for r in records if r.rank == rank]
+        n = len(rs)
+        table.add_row(
+            str(rank),
+            str(rs[0].pipeline),
+            str(rs[0].stage),
+            rs[0].device,
+            format_time(sum(r.iteration_s for r in rs) / n),
+            format_time(sum(r.compute_s for r in rs) / n),
+            format_time(sum(r.wait_s for r in rs) / n),
+            format_time(sum(r.comm_s for r in rs) / n),
+            format_bytes(max(r.peak_memory_bytes for r in rs)),
+        )
+    return [table]
+
+
+def runlog_summary(records: list[StepRecord]) -> dict[str, Any]:
+    losses = [r.loss for r in records if r.loss is not None]
+    return {
+        "kind": "runlog",
+        "records": len(records),
+        "steps": len({r.step for r in records}),
+        "ranks": len({r.rank for r in records}),
+        "last_loss": losses[-1] if losses else None,
+    }
+
+
+_TABLES = {
+    "catalog": catalog_table,
+    "cluster": cluster_table,
+    "profile": profile_table,
+    "plan": plan_table,
+    "runlog": runlog_table,
+}
+_SUMMARIES = {
+    "catalog": catalog_summary,
+    "cluster": cluster_summary,
+    "profile": profile_summary,
+    "plan": plan_summary,
+    "runlog": runlog_summary,
+}
+
+
+def renderables(kind: str, obj: Any) -> list[Any]:
+    """Rich objects that show ``obj`` (a loaded contract of ``kind``) to a person."""
+    out = _TABLES[kind](obj)
+    return out if isinstance(out, list) else [out]
+
+
+def summary(kind: str, obj: Any) -> dict[str, Any]:
+    """A JSON-ready dict of ``obj`` for ``--json``."""
+    return _SUMMARIES[kind](obj)
