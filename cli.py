@@ -159,8 +159,13 @@ def _save_import(result: Any, output: str) -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--device-type", default="V100-16GB", show_default=True, help="GPU the graph was profiled on.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Profiled batch (inferred if omitted).")
+@click.option(
+    "--drop-input-time",
+    is_flag=True,
+    help="Zero the data-loading time PipeDream books on the Input node (its own optimizer does).",
+)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
-def pipedream(file: str, device_type: str, batch_size: int | None, output: str) -> None:
+def pipedream(file: str, device_type: str, batch_size: int | None, drop_input_time: bool, output: str) -> None:
     """Import a PipeDream graph.txt.
 
     \b
@@ -169,7 +174,9 @@ def pipedream(file: str, device_type: str, batch_size: int | None, output: str) 
     """
     from planner.profile.importers import import_pipedream
 
-    _save_import(import_pipedream(file, device_type=device_type, batch_size=batch_size), output)
+    _save_import(
+        import_pipedream(file, device_type=device_type, batch_size=batch_size, drop_input_time=drop_input_time), output
+    )
 
 
 @import_.command()
@@ -246,7 +253,7 @@ def validate(files: tuple[str, ...]) -> None:
             failures += 1
             err_console.print(f"error: {exc}", markup=False)
             continue
-        console.print(f"ok    {path}  ({kind})", markup=False)
+        click.echo(f"ok    {path}  ({kind})")
     if failures:
         raise SystemExit(2)
 
@@ -267,8 +274,171 @@ def show(file: str, as_json: bool) -> None:
     kind, obj = load_any(file)
     if as_json:
         _print_json(summary(kind, obj))
+    elif kind == "plan":
+        from planner.contracts.plan import check_plan, load_plan_inputs
+        from planner.views.plan import plan_summary_renderables
+
+        loaded_profile, loaded_cluster = load_plan_inputs(obj)
+        check_plan(obj, loaded_cluster, loaded_profile)
+        console.print(*plan_summary_renderables(obj, loaded_cluster))
     else:
         console.print(*renderables(kind, obj))
+
+
+# --------------------------------------------------------------------------- plan / compare
+@cli.command()
+@click.argument("profile_file", metavar="PROFILE", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
+@click.option("--batch", "global_batch", required=True, type=click.IntRange(min=1), help="Global batch (samples).")
+@click.option("--schedule", default="1f1b", show_default=True, type=click.Choice(["1f1b", "gpipe"]))
+@click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["sgd", "momentum", "adam"]))
+@click.option(
+    "--dtype",
+    default=None,
+    type=click.Choice(["fp32", "tf32", "fp16", "bf16"]),
+    help="Must match the profile's dtype (times are per dtype); default: the profile's.",
+)
+@click.option("--micro-batch-sizes", default=None, help="Micro-batch sizes to consider (default 1,2,4,...,64).")
+@click.option("--max-stages", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Plan file to write.")
+def plan(
+    profile_file: str,
+    cluster_file: str,
+    global_batch: int,
+    schedule: str,
+    optimizer: str,
+    dtype: str | None,
+    micro_batch_sizes: str | None,
+    max_stages: int,
+    output: str,
+) -> None:
+    """Search for the fastest hybrid pipeline + data parallel plan on a heterogeneous cluster.
+
+    \b
+    Example:
+      hetplan plan gpt.profile.yaml profiles/clusters/mixed-a100-v100.yaml --batch 512 -o plan.yaml
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner.contracts.cluster import load_cluster
+    from planner.contracts.model_profile import load_profile
+    from planner.solve import PlanOptions, finalize_plan, plan_training
+    from planner.views.plan import plan_summary_renderables
+
+    loaded_profile = load_profile(profile_file)
+    loaded_cluster = load_cluster(cluster_file)
+    if dtype is not None and dtype != loaded_profile.dtype:
+        raise HetplanError(
+            f"the profile was made for {loaded_profile.dtype}, not {dtype}; re-profile with --dtype {dtype}",
+            file=profile_file,
+            field="dtype",
+        )
+    sizes = _csv_ints(micro_batch_sizes, param="--micro-batch-sizes") if micro_batch_sizes else None
+    opts = PlanOptions(
+        global_batch=global_batch,
+        schedule=schedule,
+        optimizer=optimizer,
+        micro_batch_sizes=sizes,
+        max_stages=max_stages,
+    )
+    with Progress(
+        TextColumn("searching structures"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    ) as bar:
+        task = bar.add_task("search", total=None)
+        result = plan_training(
+            loaded_profile,
+            loaded_cluster,
+            opts,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    final = finalize_plan(
+        result,
+        profile_path=profile_file,
+        cluster_path=cluster_file,
+        output=output,
+        cluster=loaded_cluster,
+        dtype=loaded_profile.dtype,
+    )
+    final.save(output)
+    console.print(*plan_summary_renderables(final, loaded_cluster))
+    console.print(f"wrote {output}")
+
+
+@cli.command()
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def compare(plan_file: str, as_json: bool) -> None:
+    """Put a plan beside every baseline (uniform split, DeepSpeed, torchgpipe, homogeneous planners,
+    data parallel), all scored by the same simulator, as ratios.
+
+    \b
+    Example:
+      hetplan compare plan.yaml
+    """
+    from planner.contracts.plan import load_plan, load_plan_inputs
+    from planner.views.plan import compare_rows, compare_table
+
+    loaded = load_plan(plan_file)
+    loaded_profile, loaded_cluster = load_plan_inputs(loaded)
+    rows = compare_rows(loaded, loaded_profile, loaded_cluster)
+    if as_json:
+        _print_json(rows)
+    else:
+        console.print(compare_table(rows))
+
+
+# --------------------------------------------------------------------------- simulate
+@cli.command()
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option(
+    "--profile",
+    "profile_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Use this profile instead of the one the plan names.",
+)
+@click.option(
+    "--cluster",
+    "cluster_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Use this cluster instead of the one the plan names.",
+)
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Draw the iteration to FILE.svg.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def simulate(
+    plan_file: str, profile_file: str | None, cluster_file: str | None, timeline: str | None, as_json: bool
+) -> None:
+    """Simulate one training iteration of a plan: time, bubble, memory, critical path.
+
+    \b
+    Example:
+      hetplan simulate plan.yaml --timeline plan.svg
+    """
+    from planner.contracts.plan import load_plan, load_plan_inputs
+    from planner.simulate import check_memory
+    from planner.simulate import simulate as run_simulation
+    from planner.simulate.timeline import write_timeline
+    from planner.views.simulation import simulation_renderables
+
+    plan = load_plan(plan_file)
+    loaded_profile, loaded_cluster = load_plan_inputs(plan, profile=profile_file, cluster=cluster_file)
+    result = run_simulation(plan, loaded_profile, loaded_cluster, timeline=timeline is not None)
+    check_memory(result, plan)
+    if timeline:
+        write_timeline(result, timeline, title=f"{Path(plan_file).name} on {loaded_cluster.name}")
+    if as_json:
+        _print_json(result.to_json())
+        return
+    console.print(*simulation_renderables(result, emulated=loaded_cluster.emulated))
+    if timeline:
+        console.print(f"timeline written to {timeline}")
 
 
 # --------------------------------------------------------------------------- demo

@@ -137,55 +137,100 @@ def compile_plan(plan: Plan, n_blocks: int) -> CompiledPlan:
     stage_programs: list[list[list[DeviceProgram]]] = []
     for pi, p in enumerate(plan.pipelines):
         per_stage: list[list[DeviceProgram]] = []
+        n_micro = len(p.micro_batches)
         for si, s in enumerate(p.stages):
-            splits = [split_micro_batch(m, s.shares) for m in p.micro_batches]
             replicas = []
-            for ri, address in enumerate(s.devices):
-                counts = tuple(split[ri] for split in splits)
-                offsets = tuple(sum(split[:ri]) for split in splits)
-                program = DeviceProgram(address, pi, si, ri, s.start, s.end, counts, offsets)
+            if len(s.devices) == 1:  # split_micro_batch gives the whole micro-batch to the one device
+                address = s.devices[0]
+                program = DeviceProgram(address, pi, si, 0, s.start, s.end, tuple(p.micro_batches), (0,) * n_micro)
                 programs[address] = program
                 replicas.append(program)
+            else:
+                splits = [split_micro_batch(m, s.shares) for m in p.micro_batches]
+                for ri, address in enumerate(s.devices):
+                    counts = tuple(split[ri] for split in splits)
+                    offsets = tuple(sum(split[:ri]) for split in splits)
+                    program = DeviceProgram(address, pi, si, ri, s.start, s.end, counts, offsets)
+                    programs[address] = program
+                    replicas.append(program)
             per_stage.append(replicas)
         stage_programs.append(per_stage)
 
+    # per device and micro-batch: (peer, lo, hi) of activations in/out and of gradients in/out,
+    # in the order of ``transfers`` (the order the device posts them)
+    act_in: dict[str, list[list[tuple[str, int, int]]]] = {}
+    act_out: dict[str, list[list[tuple[str, int, int]]]] = {}
+    grad_in: dict[str, list[list[tuple[str, int, int]]]] = {}
+    grad_out: dict[str, list[list[tuple[str, int, int]]]] = {}
+    for pi, p in enumerate(plan.pipelines):
+        n_micro = len(p.micro_batches)
+        for stage in stage_programs[pi]:
+            for program in stage:
+                for table in (act_in, act_out, grad_in, grad_out):
+                    table[program.address] = [[] for _ in range(n_micro)]
+
+    new = tuple.__new__  # NamedTuple construction without the generated __new__'s Python frame
     for pi, p in enumerate(plan.pipelines):
         per_stage = stage_programs[pi]
         for si in range(len(p.stages) - 1):
+            senders, receivers = per_stage[si], per_stage[si + 1]
+            if len(senders) == 1 and len(receivers) == 1:  # the common case: whole micro-batches
+                src, dst = senders[0].address, receivers[0].address
+                s_out, d_in, d_out, s_in = act_out[src], act_in[dst], grad_out[dst], grad_in[src]
+                for j, m in enumerate(p.micro_batches):
+                    if m > 0:
+                        transfers.append(new(Transfer, (pi, si, j, src, dst, 0, m, False)))
+                        transfers.append(new(Transfer, (pi, si, j, dst, src, 0, m, True)))
+                        s_out[j].append((dst, 0, m))
+                        d_in[j].append((src, 0, m))
+                        d_out[j].append((src, 0, m))
+                        s_in[j].append((dst, 0, m))
+                continue
             for j in range(len(p.micro_batches)):
-                for t in _reshard(pi, si, j, per_stage[si], per_stage[si + 1]):
+                for t in _reshard(pi, si, j, senders, receivers):
                     transfers.append(t)
                     transfers.append(Transfer(pi, si, j, t.dst, t.src, t.lo, t.hi, grad=True))
-
-    # keyed by (device, backward?, micro): plain tuples hash much faster than ones holding an Enum
-    incoming: dict[tuple[str, bool, int], list[Transfer]] = {}
-    outgoing: dict[tuple[str, bool, int], list[Transfer]] = {}
-    for t in transfers:
-        incoming.setdefault((t.dst, t.grad, t.micro), []).append(t)
-        outgoing.setdefault((t.src, t.grad, t.micro), []).append(t)
+                    act_out[t.src][j].append((t.dst, t.lo, t.hi))
+                    act_in[t.dst][j].append((t.src, t.lo, t.hi))
+                    grad_out[t.dst][j].append((t.src, t.lo, t.hi))
+                    grad_in[t.src][j].append((t.dst, t.lo, t.hi))
 
     groups = gradient_groups(plan, n_blocks)
+    reduces: dict[str, list[Action]] = {a: [] for a in programs}
+    for g in groups:
+        if len(g.devices) > 1:
+            action = Action(Kind.ALLREDUCE, group=g.id)
+            for address in dict.fromkeys(g.devices):
+                reduces[address].append(action)
+
     forward, backward = Kind.FORWARD, Kind.BACKWARD
+    recv_act, send_act, recv_grad, send_grad = Kind.RECV_ACT, Kind.SEND_ACT, Kind.RECV_GRAD, Kind.SEND_GRAD
+    step = Action(Kind.STEP)
     for pi, p in enumerate(plan.pipelines):
         for si in range(len(p.stages)):
             order = stage_order(plan.schedule, si, len(p.stages), len(p.micro_batches))
             for program in stage_programs[pi][si]:
                 actions = program.actions
+                append = actions.append
                 address, counts, offsets = program.address, program.counts, program.offsets
+                a_in, a_out, g_in, g_out = act_in[address], act_out[address], grad_in[address], grad_out[address]
                 for kind, j in order:
-                    if counts[j] == 0:
+                    count = counts[j]
+                    if count == 0:
                         continue
-                    is_bwd = kind is backward
-                    recv = Kind.RECV_GRAD if is_bwd else Kind.RECV_ACT
-                    send = Kind.SEND_GRAD if is_bwd else Kind.SEND_ACT
-                    for t in incoming.get((address, is_bwd, j), ()):
-                        actions.append(Action(recv, j, t.src, t.lo, t.hi))
                     lo = offsets[j]
-                    actions.append(Action(backward if is_bwd else forward, j, "", lo, lo + counts[j]))
-                    for t in outgoing.get((address, is_bwd, j), ()):
-                        actions.append(Action(send, j, t.dst, t.lo, t.hi))
-                for g in groups:
-                    if len(g.devices) > 1 and address in g.devices:
-                        actions.append(Action(Kind.ALLREDUCE, group=g.id))
-                actions.append(Action(Kind.STEP))
+                    if kind is backward:
+                        for peer, t_lo, t_hi in g_in[j]:
+                            append(new(Action, (recv_grad, j, peer, t_lo, t_hi, -1)))
+                        append(new(Action, (backward, j, "", lo, lo + count, -1)))
+                        for peer, t_lo, t_hi in g_out[j]:
+                            append(new(Action, (send_grad, j, peer, t_lo, t_hi, -1)))
+                    else:
+                        for peer, t_lo, t_hi in a_in[j]:
+                            append(new(Action, (recv_act, j, peer, t_lo, t_hi, -1)))
+                        append(new(Action, (forward, j, "", lo, lo + count, -1)))
+                        for peer, t_lo, t_hi in a_out[j]:
+                            append(new(Action, (send_act, j, peer, t_lo, t_hi, -1)))
+                actions.extend(reduces[address])
+                append(step)
     return CompiledPlan(programs=programs, transfers=transfers, groups=groups)

@@ -14,11 +14,17 @@ offset after the predecessor *starts* (a gradient bucket is ready part-way throu
 Flows are the only tasks whose duration is not known in advance: every active flow gets
 ``min(own cap, capacity(r) / flows on r)`` over the resources it uses (a node's network link out
 and in), recomputed whenever a flow starts or ends; its latency is added after its bytes drain.
+
+Events are processed in (time, order pushed): ties resolve first-come first-served, so a run is
+deterministic, and :attr:`Engine.binding` (the predecessor that released each task last) gives the
+critical path. Plain edges and offset edges are stored apart (most edges are plain; a plain edge
+costs one int), :attr:`Engine.succ` shows both as ``(successor, offset or None)``.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from planner.errors import HetplanError
@@ -35,7 +41,8 @@ class Engine:
         self.duration: list[float] = []
         self.flow: list[tuple[float, float, float, tuple] | None] = []
         self.meta: list[Any] = []
-        self.succ: list[list[tuple[int, float | None]]] = []
+        self.next: list[list[int]] = []  # plain successors: released when the task ends
+        self.offset_next: dict[int, list[tuple[int, float]]] = {}  # released at start + offset
         self.npred: list[int] = []
         self.start: list[float] = []
         self.end: list[float] = []
@@ -45,7 +52,7 @@ class Engine:
         self.duration.append(duration)
         self.flow.append(flow)
         self.meta.append(meta)
-        self.succ.append([])
+        self.next.append([])
         self.npred.append(0)
         return len(self.duration) - 1
 
@@ -53,14 +60,43 @@ class Engine:
         """A task of known duration (compute, an intra-node transfer, a collective, a step)."""
         return self._add(duration if duration > 0.0 else 0.0, None, meta)
 
+    def add_fixed_many(self, durations: Sequence[float], metas: Sequence[Any]) -> range:
+        """Many tasks of known duration at once (same as :meth:`add_fixed` on each, in order)."""
+        first = len(self.duration)
+        n = len(durations)
+        self.duration.extend(d if d > 0.0 else 0.0 for d in durations)
+        self.flow.extend([None] * n)
+        self.meta.extend(metas)
+        self.next.extend([] for _ in range(n))
+        self.npred.extend([0] * n)
+        return range(first, first + n)
+
     def add_flow(self, nbytes: float, *, latency: float, cap: float, resources: tuple, meta: Any = None) -> int:
         """A transfer that shares ``resources`` with the other flows active at the same time."""
         return self._add(0.0, (float(nbytes), float(latency), float(cap), resources), meta)
 
     def add_edge(self, a: int, b: int, *, offset: float | None = None) -> None:
         """``b`` waits for ``a`` to end (or, with ``offset``, for ``a`` to start plus ``offset``)."""
-        self.succ[a].append((b, offset))
+        if offset is None:
+            self.next[a].append(b)
+        else:
+            self.offset_next.setdefault(a, []).append((b, offset))
         self.npred[b] += 1
+
+    def add_chain(self, tasks: Iterable[int]) -> None:
+        """Each task of ``tasks`` waits for the one before it (a device's compute order)."""
+        nxt, npred = self.next, self.npred
+        prev = -1
+        for t in tasks:
+            if prev >= 0:
+                nxt[prev].append(t)
+                npred[t] += 1
+            prev = t
+
+    @property
+    def succ(self) -> list[list[tuple[int, float | None]]]:
+        """Every task's successors as ``(task, offset)``; ``offset`` is None for a plain edge."""
+        return [[(b, None) for b in nx] + self.offset_next.get(a, []) for a, nx in enumerate(self.next)]
 
     def __len__(self) -> int:
         return len(self.duration)
@@ -69,83 +105,108 @@ class Engine:
         """Simulate; return the time the last task ends. A cycle (deadlock) is an error."""
         n = len(self.duration)
         npred = list(self.npred)
-        self.start = [float("nan")] * n
-        self.end = [float("nan")] * n
-        self.binding = [-1] * n
-        # events: (time, seq, kind, task, successor-for-offset-edges)
+        nan = float("nan")
+        start = self.start = [nan] * n
+        end = self.end = [nan] * n
+        binding = self.binding = [-1] * n
+        duration, flows, nxt, offset_next = self.duration, self.flow, self.next, self.offset_next
+
+        # resources as small ints; per flow: (bytes, latency, cap, resource ids)
+        res_id: dict[Any, int] = {}
+        res_cap: list[float] = []
+        flow_res: dict[int, tuple[int, ...]] = {}
+        for t, flow in enumerate(flows):
+            if flow is not None:
+                ids = []
+                for r in flow[3]:
+                    i = res_id.get(r)
+                    if i is None:
+                        i = res_id[r] = len(res_cap)
+                        res_cap.append(capacity.get(r, -1.0))  # -1: unlimited (the flow's own cap)
+                    ids.append(i)
+                flow_res[t] = tuple(ids)
+        on_resource: list[set[int]] = [set() for _ in res_cap]
+        remaining: dict[int, float] = {}  # active flow -> bytes left at `updated`
+        rate: dict[int, float] = {}
+        updated: dict[int, float] = {}
+        version = [0] * n
+
+        # events: (time, seq, kind, task, successor-for-offset-edges or flow version)
         heap: list[tuple[float, int, int, int, int]] = [(0.0, t, _READY, t, -1) for t in range(n) if npred[t] == 0]
         heapq.heapify(heap)
         seq = n
-        active: dict[int, list[float]] = {}  # flow -> [remaining bytes, rate, last update, version]
-        on_resource: dict[Any, set[int]] = {}
-        version = [0] * n
+        push, pop = heapq.heappush, heapq.heappop
 
-        def push(time: float, kind: int, task: int, other: int = -1) -> None:
-            nonlocal seq
-            heapq.heappush(heap, (time, seq, kind, task, other))
-            seq += 1
-
-        def reshare(now: float, resources: tuple) -> None:
+        def reshare(now: float, resources: tuple[int, ...]) -> None:
             """New rates for the flows that share a resource with one that started or ended."""
-            touched = sorted({f for r in resources for f in on_resource[r]})
-            for t in touched:
-                state = active[t]
-                state[0] -= state[1] * (now - state[2])
-                state[2] = now
-                _, _, cap, own = self.flow[t]
-                rate = cap
-                for r in own:
-                    share = capacity.get(r, cap) / len(on_resource[r])
-                    if share < rate:
-                        rate = share
-                state[1] = rate
-                version[t] += 1
-                push(now + max(state[0], 0.0) / rate, _DRAINED, t, version[t])
-
-        def release(b: int, now: float, by: int) -> None:
-            npred[b] -= 1
-            if npred[b] == 0:
-                self.binding[b] = by
-                push(now, _READY, b)
+            nonlocal seq
+            if len(resources) == 1:
+                touched = sorted(on_resource[resources[0]])
+            else:
+                touched = sorted(set().union(*[on_resource[r] for r in resources]))
+            for f in touched:
+                left = remaining[f] - rate[f] * (now - updated[f])
+                updated[f] = now
+                r_f = flows[f][2]
+                for r in flow_res[f]:
+                    cap = res_cap[r]
+                    share = (cap if cap >= 0.0 else flows[f][2]) / len(on_resource[r])
+                    if share < r_f:
+                        r_f = share
+                remaining[f] = left
+                rate[f] = r_f
+                version[f] += 1
+                push(heap, (now + (left if left > 0.0 else 0.0) / r_f, seq, _DRAINED, f, version[f]))
+                seq += 1
 
         finished = 0
         while heap:
-            now, _, kind, t, other = heapq.heappop(heap)
+            now, _, kind, t, other = pop(heap)
             if kind == _READY:
-                self.start[t] = now
-                for b, offset in self.succ[t]:
-                    if offset is not None:
-                        push(now + offset, _OFFSET, t, b)
-                flow = self.flow[t]
+                start[t] = now
+                offs = offset_next.get(t)
+                if offs is not None:
+                    for b, offset in offs:
+                        push(heap, (now + offset, seq, _OFFSET, t, b))
+                        seq += 1
+                flow = flows[t]
                 if flow is None:
-                    push(now + self.duration[t], _DONE, t)
+                    push(heap, (now + duration[t], seq, _DONE, t, -1))
+                    seq += 1
                 else:
-                    for r in flow[3]:
-                        on_resource.setdefault(r, set()).add(t)
-                    active[t] = [flow[0], 0.0, now, 0]
-                    reshare(now, flow[3])
+                    resources = flow_res[t]
+                    for r in resources:
+                        on_resource[r].add(t)
+                    remaining[t] = flow[0]
+                    rate[t] = 0.0
+                    updated[t] = now
+                    reshare(now, resources)
+            elif kind == _DONE:
+                end[t] = now
+                finished += 1
+                for b in nxt[t]:
+                    npred[b] -= 1
+                    if npred[b] == 0:
+                        binding[b] = t
+                        push(heap, (now, seq, _READY, b, -1))
+                        seq += 1
             elif kind == _DRAINED:
-                if t not in active or version[t] != other:
+                if t not in remaining or version[t] != other:
                     continue  # stale: the flow's rate changed after this completion was projected
-                del active[t]
-                resources = self.flow[t][3]
+                del remaining[t], rate[t], updated[t]
+                resources = flow_res[t]
                 for r in resources:
                     on_resource[r].discard(t)
                 reshare(now, resources)
-                push(now + self.flow[t][1], _DONE, t)
-            elif kind == _OFFSET:
-                release(other, now, t)
-            else:
-                self.end[t] = now
-                finished += 1
-                for b, offset in self.succ[t]:
-                    if offset is None:
-                        npred[b] -= 1
-                        if npred[b] == 0:  # release(b, now, t), inlined: this is the hot path
-                            self.binding[b] = t
-                            heapq.heappush(heap, (now, seq, _READY, b, -1))
-                            seq += 1
+                push(heap, (now + flows[t][1], seq, _DONE, t, -1))
+                seq += 1
+            else:  # _OFFSET: release `other` at the predecessor's start + offset
+                npred[other] -= 1
+                if npred[other] == 0:
+                    binding[other] = t
+                    push(heap, (now, seq, _READY, other, -1))
+                    seq += 1
         if finished < n:
-            stuck = next(t for t in range(n) if self.end[t] != self.end[t])
+            stuck = next(t for t in range(n) if end[t] != end[t])
             raise HetplanError(f"the schedule deadlocks: {self.meta[stuck]} never runs (a cycle in its dependencies)")
-        return max(self.end, default=0.0)
+        return max(end, default=0.0)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.contracts.model_profile import ModelProfile, parse_profile
+from planner.contracts.model_profile import ModelProfile, load_profile, parse_profile
 from planner.errors import HetplanError
 from planner.profile.importers import IMPORTERS, import_pipedream, import_piper, import_sailor
 
@@ -311,6 +311,9 @@ def test_sailor_unknown_gpu_missing_config_and_no_tp(tmp_path: Path) -> None:
     raises_located(
         path, lambda: import_sailor(path, model="Tiny-GPT", training_config=config), "unknown GPU type 'Mystery-GPU'"
     )
+    # an unknown type the caller did not ask for is left alone
+    chosen = import_sailor(path, model="Tiny-GPT", training_config=config, gpu_types=["A100-40"])
+    assert chosen.device_types() == ["A100-40GB"]
     fixture = FIXTURES / "tiny_sailor.json"
     raises_located(fixture, lambda: import_sailor(fixture, model="Other-Model"), "training_config")
     raises_located(
@@ -416,6 +419,20 @@ def test_piper_cycle_unknown_variant_device_and_edges(tmp_path: Path) -> None:
     data["nodes"][1]["TMPCs"]["1"][0]["timePerSample"] = -1
     negative = write(tmp_path, "negative.json", json.dumps(data))
     assert raises_located(negative, lambda: import_piper(negative), "non-negative").field.startswith("nodes[1]")
+
+
+def test_imported_profiles_save_and_load_as_yaml(tmp_path: Path) -> None:
+    profiles = {
+        "pipedream": import_pipedream(FIXTURES / "skip.graph.txt"),
+        "sailor": import_sailor(FIXTURES / "tiny_sailor.json", model="Tiny-GPT"),
+        "piper": import_piper(FIXTURES / "tiny_piper.json"),
+    }
+    for name, profile in profiles.items():
+        out = tmp_path / f"{name}.profile.yaml"
+        profile.save(out)
+        loaded = load_profile(out)
+        assert [b.to_dict() for b in loaded.blocks] == [b.to_dict() for b in profile.blocks]
+        assert loaded.source["importer"] == name
 
 
 def test_registry_names_the_three_importers() -> None:

@@ -14,6 +14,7 @@ batch (a list ``[a; b; c]`` for a tuple output counts as its sum). docs/importer
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,8 +64,8 @@ def _number(text: str, *, file: str, line: int, key: str) -> float:
         values = [float(p) for p in parts]
     except ValueError:
         raise HetplanError(f"{key}={text!r} is not a number", file=file, field=f"line {line}") from None
-    if any(v != v or v < 0 for v in values):  # NaN or negative
-        raise HetplanError(f"{key}={text!r} must be a non-negative number", file=file, field=f"line {line}")
+    if not all(0 <= v < math.inf for v in values):  # also refuses NaN
+        raise HetplanError(f"{key}={text!r} must be a finite non-negative number", file=file, field=f"line {line}")
     return sum(values)
 
 
@@ -180,7 +181,7 @@ def _resolve_batch(
         return batch, {"batch_from": "batch_size argument", "inferred_batch": inferred, "inference": how}
     if inferred is None:
         raise HetplanError(
-            f"cannot infer the batch size this profile was measured at ({how}); pass batch_size=N "
+            f"cannot infer the batch size this profile was measured at ({how}); pass batch_size=N (--batch-size N) "
             "(PipeDream's translation profiler README runs GNMT with --batch-size 64)",
             file=file,
             field="batch_size",

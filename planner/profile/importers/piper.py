@@ -14,6 +14,7 @@ sample unless ``samples_per_unit`` says how many real samples it holds. See docs
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,8 @@ _TMPC_FIELDS = ("timePerSample", "parameterSize", "memoryUsageA", "memoryUsageB"
 
 
 def _number(value: Any, *, file: str, field: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
-        raise HetplanError(f"expected a non-negative number, got {value!r}", file=file, field=field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise HetplanError(f"expected a finite non-negative number, got {value!r}", file=file, field=field)
     return float(value)
 
 

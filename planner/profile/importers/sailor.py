@@ -15,6 +15,7 @@ sequence s, heads a, vocabulary V), in fp16; docs/importers.md gives every formu
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,7 @@ def _load_config(profile_path: Path, model: str, training_config: str | Path | N
         if found is None:
             raise HetplanError(
                 f"no training_config_*.json beside the profile describes model {model!r}; pass training_config= "
-                "(a JSON file with hidden_size, sequence_length, num_layers, heads, vocab_size)",
+                "(--training-config): a JSON file with hidden_size, sequence_length, num_layers, heads, vocab_size",
                 file=str(profile_path),
                 field="training_config",
             )
@@ -192,7 +193,7 @@ def _layer_times(layers: Any, where: str, file: str) -> list[list[float]]:
     for i in range(len(layers)):
         row = layers[str(i)]
         ok = isinstance(row, list) and len(row) == 3
-        ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in row)
+        ok = ok and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf for v in row)
         if not ok:
             raise HetplanError(
                 f"expected [forward_s, backward_s, update_s], non-negative, got {row!r}",
@@ -204,17 +205,27 @@ def _layer_times(layers: Any, where: str, file: str) -> list[list[float]]:
 
 
 def _gpu_selection(by_gpu: dict[str, Any], gpu_types: list[str] | None, file: str, where: str) -> dict[str, str]:
-    """Catalog name -> the file's GPU name, for the requested types (default: all in the file)."""
+    """Catalog name -> the file's GPU name, for the requested types (default: all in the file).
+
+    Every GPU type that will be imported must be in the catalog; with ``gpu_types`` given, the
+    file's other types are left alone (an unknown one among them is not an error).
+    """
     catalog = load_catalog()
     in_file: dict[str, str] = {}
+    unknown: list[str] = []
     for name in by_gpu:
-        canonical = catalog_name(name, file=file, field=f"{where}.{name}", catalog=catalog)
+        canonical = catalog.canonical(name)
+        if canonical is None:
+            unknown.append(name)
+            continue
         if canonical in in_file:
             raise HetplanError(
                 f"GPU types {in_file[canonical]!r} and {name!r} are both {canonical}", file=file, field=where
             )
         in_file[canonical] = name
     if gpu_types is None:
+        for name in unknown:
+            catalog_name(name, file=file, field=f"{where}.{name}", catalog=catalog)  # raises, naming it
         return in_file
     chosen: dict[str, str] = {}
     for requested in gpu_types:
@@ -250,7 +261,9 @@ def _collect_times(
                     "expected a positive micro-batch size mapping to tensor-parallel degrees", file=file, field=mb_where
                 )
             if str(tp) not in by_tp:
-                has = ", ".join(sorted(by_tp, key=int))
+                has = ", ".join(
+                    sorted(map(str, by_tp), key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
+                )
                 skipped.append(f"{name} micro-batch {mb_key}: no tensor-parallel degree {tp} (has {has})")
                 continue
             found[int(mb_key)] = _layer_times(by_tp[str(tp)], f"{mb_where}.{tp}", file)

@@ -1,0 +1,13 @@
+"""The heterogeneity-aware planner: structures, exact partitions, batch shares, micro-batches.
+
+    result = plan_training(profile, cluster, PlanOptions(global_batch=512))
+    plan = finalize_plan(result, profile_path=..., cluster_path=..., output="plan.yaml", ...)
+    plan.save("plan.yaml")
+
+The solver never imports torch; it scores candidates with :mod:`planner.simulate`.
+"""
+
+from planner.solve.planfile import finalize_plan
+from planner.solve.search import PlanOptions, PlanResult, plan_training
+
+__all__ = ["PlanOptions", "PlanResult", "finalize_plan", "plan_training"]

@@ -1,0 +1,211 @@
+"""The plans users know, on the same inputs and scored by the same simulator.
+
+* ``uniform``: the chosen plan's pipelines, the same number of blocks per stage, equal batches.
+* ``deepspeed_parameters``: cuts balancing parameter counts (DeepSpeed's ``partition_method=
+  "parameters"``), equal batches.
+* ``torchgpipe_time``: cuts balancing per-block time measured on one device type, the first stage's
+  (torchgpipe's ``balance_by_time``), blind to the other types; equal batches.
+* ``homogeneous_slowest`` / ``homogeneous_average``: hetplan's own search run as if every device were
+  the slowest type / an average one (DAPPLE and Piper assume one device type), then simulated on
+  the real devices.
+* ``data_parallel_equal`` / ``data_parallel_proportional``: every device holds the whole model;
+  equal batches, or batches in proportion to device speed (Stannis).
+
+A baseline that cannot fit in memory is reported as such (None).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from planner.contracts.cluster import Cluster, parse_cluster
+from planner.contracts.model_profile import Block, ModelProfile, Timing
+from planner.contracts.plan import Pipeline, Plan, Stage
+from planner.solve.batching import micro_batch_list
+
+__all__ = ["BASELINES", "balanced_cuts", "baseline_plans", "equal_shares"]
+
+BASELINES = (
+    "uniform",
+    "deepspeed_parameters",
+    "torchgpipe_time",
+    "homogeneous_slowest",
+    "homogeneous_average",
+    "data_parallel_equal",
+    "data_parallel_proportional",
+)
+
+
+def equal_shares(total: int, parts: int) -> list[int]:
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def balanced_cuts(weights: list[float], stages: int) -> list[int]:
+    """Contiguous split of ``weights`` into ``stages`` non-empty parts minimising the largest part
+    (exact DP; what DeepSpeed's and torchgpipe's balancers aim for)."""
+    n = len(weights)
+    prefix = np.concatenate([[0.0], np.cumsum(weights)])
+    inf = float("inf")
+    value = np.full((stages + 1, n + 1), inf)
+    choice = np.zeros((stages + 1, n + 1), dtype=int)
+    value[0, 0] = 0.0
+    for s in range(1, stages + 1):
+        for j in range(s, n + 1):
+            i = np.arange(s - 1, j)
+            cand = np.maximum(value[s - 1, i], prefix[j] - prefix[i])
+            k = int(np.argmin(cand))
+            value[s, j], choice[s, j] = cand[k], i[k]
+    cuts = [n]
+    for s in range(stages, 0, -1):
+        cuts.append(int(choice[s, cuts[-1]]))
+    return cuts[::-1]
+
+
+def _recut(reference: Plan, cuts_for: list[list[int]], shares: list[int]) -> Plan:
+    pipes = []
+    for p, cuts, batch in zip(reference.pipelines, cuts_for, shares, strict=True):
+        m = max(p.micro_batches)
+        stages = tuple(Stage(cuts[i], cuts[i + 1], s.devices, s.shares) for i, s in enumerate(p.stages))
+        pipes.append(Pipeline(batch, micro_batch_list(batch, min(m, batch)), stages))
+    return Plan(
+        global_batch=reference.global_batch, pipelines=pipes, schedule=reference.schedule, optimizer=reference.optimizer
+    )
+
+
+def _homogeneous_inputs(profile: ModelProfile, cluster: Cluster, mode: str) -> tuple[ModelProfile, Cluster]:
+    """A profile and cluster in which every device is one type: the slowest, or an average one."""
+    types = list(cluster.device_types.values())
+    n = len(profile.blocks)
+
+    def total(t) -> float:
+        return sum(sum(profile.block_time(i, t, 1)) for i in range(n))
+
+    slowest = max(types, key=lambda t: (total(t), t.name))
+    name = slowest.name if mode == "slowest" else "homogeneous-average"
+    memory = min(t.memory for t in types)
+    blocks = []
+    sizes = sorted({m for b in profile.blocks for by in b.times.values() for m in by})
+    for i, b in enumerate(profile.blocks):
+        times = dict(b.times)
+        if mode == "average":
+            times[name] = {
+                m: Timing(
+                    fwd=float(np.mean([profile.block_time(i, t, m)[0] for t in types])),
+                    bwd=float(np.mean([profile.block_time(i, t, m)[1] for t in types])),
+                    source="estimated",
+                )
+                for m in sizes
+            }
+        blocks.append(Block(**{**b.__dict__, "times": times}))
+    homogeneous_profile = replace(profile, blocks=blocks)
+    spec_type = slowest if mode == "slowest" else replace(slowest, name=name, memory=memory, aliases=())
+    data = {
+        "schema": "hetplan/cluster/v1",
+        "name": f"{cluster.name} as {name}",
+        "nodes": [
+            {
+                "name": node.name,
+                "devices": [
+                    {
+                        "type": spec_type.name,
+                        "count": len(node.devices),
+                        "spec": {
+                            "memory": memory,
+                            "memory_bandwidth": spec_type.memory_bandwidth,
+                            "tflops": {k: v / 1e12 for k, v in spec_type.peak.items()},
+                        },
+                    }
+                ]
+                if mode == "average"
+                else [{"type": slowest.name, "count": len(node.devices)}],
+                "link": {"bandwidth": node.link.bandwidth, "latency": node.link.latency},
+                "nic": node.nic_bandwidth,
+            }
+            for node in cluster.nodes
+        ],
+        "network": {"bandwidth": cluster.network.bandwidth, "latency": cluster.network.latency},
+    }
+    return homogeneous_profile, parse_cluster(data, file=cluster.file, catalog=cluster.catalog)
+
+
+def _data_parallel(profile: ModelProfile, cluster: Cluster, reference_opts, proportional: bool) -> Plan | None:
+    devices = list(cluster.devices)
+    batch = reference_opts.global_batch
+    if batch < len(devices):
+        devices = devices[:batch]
+    if proportional:
+        speed = [1.0 / sum(sum(profile.block_time(i, d.type, 1)) for i in range(len(profile.blocks))) for d in devices]
+        exact = [batch * s / sum(speed) for s in speed]
+        shares = [max(1, math.floor(x)) for x in exact]
+        order = sorted(range(len(devices)), key=lambda i: (-(exact[i] - math.floor(exact[i])), i))
+        k = 0
+        while sum(shares) < batch:
+            shares[order[k % len(order)]] += 1
+            k += 1
+        while sum(shares) > batch:
+            i = max(range(len(shares)), key=lambda j: (shares[j], -j))
+            shares[i] -= 1
+    else:
+        shares = equal_shares(batch, len(devices))
+    m = 8
+    pipes = [
+        Pipeline(b, micro_batch_list(b, min(m, b)), (Stage(0, len(profile.blocks), (d.address,), (1.0,)),))
+        for d, b in zip(devices, shares, strict=True)
+    ]
+    return Plan(
+        global_batch=batch, pipelines=pipes, schedule=reference_opts.schedule, optimizer=reference_opts.optimizer
+    )
+
+
+def baseline_plans(profile: ModelProfile, cluster: Cluster, opts, reference: Plan | None) -> dict:
+    """Every baseline as a scored :class:`~planner.solve.search.Candidate` (None where it does not fit)."""
+    from planner.solve.search import Candidate, PlanOptions, plan_training, simulate_or_none
+
+    out: dict[str, Candidate | None] = {}
+
+    def score(name: str, plan: Plan | None) -> None:
+        sim = simulate_or_none(plan, profile, cluster) if plan is not None else None
+        out[name] = Candidate(name, plan, float("nan"), sim) if sim is not None else None
+
+    n = len(profile.blocks)
+    if reference is not None:
+        shares = equal_shares(opts.global_batch, len(reference.pipelines))
+        uniform = [[round(i * n / len(p.stages)) for i in range(len(p.stages) + 1)] for p in reference.pipelines]
+        score("uniform", _recut(reference, uniform, shares))
+        params = [float(b.params) + 1e-9 for b in profile.blocks]
+        score(
+            "deepspeed_parameters",
+            _recut(reference, [balanced_cuts(params, len(p.stages)) for p in reference.pipelines], shares),
+        )
+        cuts = []
+        for p in reference.pipelines:
+            first = cluster.device(p.stages[0].devices[0]).type
+            times = [sum(profile.block_time(i, first, 1)) for i in range(n)]
+            cuts.append(balanced_cuts(times, len(p.stages)))
+        score("torchgpipe_time", _recut(reference, cuts, shares))
+    else:
+        out.update(dict.fromkeys(("uniform", "deepspeed_parameters", "torchgpipe_time")))
+    inner = PlanOptions(
+        global_batch=opts.global_batch,
+        schedule=opts.schedule,
+        optimizer=opts.optimizer,
+        micro_batch_sizes=opts.micro_batch_sizes,
+        max_stages=opts.max_stages,
+        top_k=1,
+        refine=False,
+        baselines=False,
+    )
+    for mode in ("slowest", "average"):
+        h_profile, h_cluster = _homogeneous_inputs(profile, cluster, mode)
+        try:
+            h_plan = plan_training(h_profile, h_cluster, inner).plan
+        except Exception:
+            h_plan = None
+        score(f"homogeneous_{mode}", h_plan)
+    score("data_parallel_equal", _data_parallel(profile, cluster, opts, proportional=False))
+    score("data_parallel_proportional", _data_parallel(profile, cluster, opts, proportional=True))
+    return out

@@ -1,0 +1,153 @@
+"""Exact partition of a block sequence over an ordered list of (possibly replicated) stages.
+
+    slots = [Slot.of([a100]), Slot.of([v100, v100])]      # stage order fixed by the caller
+    best = partition(tables, slots, m=4, n_micro=16, schedule="1f1b", links=[link01])
+    best.cuts            # [0, 31, 50]: stage s runs blocks [cuts[s], cuts[s+1])
+    best.bottleneck      # the slowest per-micro-batch cycle (a stage, or a cut's transfer)
+
+The objective is lexicographic: first the bottleneck (the slowest stage or boundary transfer per
+micro-batch, which sets the steady-state rate of a pipeline), then the sum of stage and transfer
+times (the pipeline fill and drain). Both are found by dynamic programming over contiguous block
+ranges, O(S n^2), with every stage's memory (weights, gradients, optimizer state, activations of the
+micro-batches it holds under the schedule) as a hard constraint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.contracts.cluster import Device, Link
+from planner.contracts.plan import split_micro_batch
+from planner.solve.tables import CostTables
+
+__all__ = ["Partition", "Slot", "in_flight", "partition", "slot_fits", "slot_times"]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """The devices of one stage and each one's share of every micro-batch."""
+
+    devices: tuple[Device, ...]
+    shares: tuple[float, ...]
+
+    @staticmethod
+    def of(devices: list[Device] | tuple[Device, ...], shares: tuple[float, ...] | None = None) -> Slot:
+        devices = tuple(devices)
+        return Slot(devices, shares or tuple(1.0 / len(devices) for _ in devices))
+
+
+@dataclass(frozen=True)
+class Partition:
+    cuts: tuple[int, ...]
+    stage_times: tuple[float, ...]  # fwd + bwd per micro-batch
+    comm_times: tuple[float, ...]  # per cut, one direction, per micro-batch
+    bottleneck: float
+    total: float
+
+    def estimate(self, n_micro: int) -> float:
+        """Closed-form pipeline time (pruning only; the simulator is the truth)."""
+        return (n_micro - 1) * self.bottleneck + self.total
+
+
+def in_flight(schedule: str, stage: int, n_stages: int, n_micro: int) -> int:
+    """Micro-batches whose activations stage ``stage`` holds at its peak."""
+    return n_micro if schedule == "gpipe" else min(n_stages - stage, n_micro)
+
+
+def slot_times(tables: CostTables, slot: Slot, m: int) -> np.ndarray:
+    """Prefix array of the slot's per-micro-batch time: the slowest replica on its share."""
+    counts = split_micro_batch(m, slot.shares)
+    prefixes = [tables.prefix(d.type.name, c) for d, c in zip(slot.devices, counts, strict=True) if c > 0]
+    return np.maximum.reduce(prefixes) if len(prefixes) > 1 else prefixes[0]
+
+
+def slot_fits(tables: CostTables, slot: Slot, m: int, held: int) -> np.ndarray:
+    """``fits[i, j]``: can the slot hold blocks ``[i, j)``? (an (n+1) x (n+1) boolean matrix)."""
+    counts = split_micro_batch(m, slot.shares)
+    n = tables.n
+    ok = np.ones((n + 1, n + 1), dtype=bool)
+    static = 2.0 * (tables.param_bytes[None, :] - tables.param_bytes[:, None]) + tables.state_per_param * (
+        tables.params[None, :] - tables.params[:, None]
+    )
+    act = tables.activation[None, :] - tables.activation[:, None]
+    from planner.simulate.memory import reserve_bytes
+
+    for d, c in zip(slot.devices, counts, strict=True):
+        need = static + act * c * held + reserve_bytes(d.type.memory)
+        ok &= need <= d.type.memory
+    return ok
+
+
+def _cut_times(tables: CostTables, m: int, link: Link | None) -> np.ndarray:
+    """Transfer seconds of one micro-batch across a cut after block i-1, for i in 0..n."""
+    out = np.zeros(tables.n + 1)
+    if link is None:
+        return out
+    out[1:] = link.latency + tables.output_bytes * m / link.bandwidth
+    return out
+
+
+def partition(
+    tables: CostTables,
+    slots: list[Slot],
+    *,
+    m: int,
+    n_micro: int,
+    schedule: str,
+    links: list[Link],
+) -> Partition | None:
+    """The best contiguous split of all blocks over ``slots`` (in that order), or None if none fits.
+
+    ``links[s]`` is the link between slot ``s`` and slot ``s + 1``.
+    """
+    n, n_stages = tables.n, len(slots)
+    if n_stages > n:
+        return None
+    inf = float("inf")
+    times = [slot_times(tables, s, m) for s in slots]
+    fits = [slot_fits(tables, s, m, in_flight(schedule, i, n_stages, n_micro)) for i, s in enumerate(slots)]
+    cuts_cost = [np.zeros(n + 1)] + [_cut_times(tables, m, link) for link in links]
+
+    # stage[s][i, j]: per-micro-batch time of slot s on blocks [i, j); cycle adds the incoming cut
+    idx = np.arange(n + 1)
+    valid = idx[:, None] < idx[None, :]
+    stage = [np.where(valid & fits[s], times[s][None, :] - times[s][:, None], inf) for s in range(n_stages)]
+    comm = [cuts_cost[s][:, None] for s in range(n_stages)]
+    cycle = [np.maximum(stage[s], comm[s]) for s in range(n_stages)]
+
+    def solve(cap: float | None) -> tuple[np.ndarray, np.ndarray]:
+        """Min-max (cap None) or min-sum under a cap; values and argmins per stage."""
+        value = np.full((n_stages + 1, n + 1), inf)
+        choice = np.zeros((n_stages + 1, n + 1), dtype=np.int64)
+        value[0, 0] = 0.0
+        for s in range(1, n_stages + 1):
+            prev = value[s - 1][:, None]
+            if cap is None:
+                cand = np.maximum(prev, cycle[s - 1])
+            else:
+                cand = np.where(cycle[s - 1] <= cap, prev + stage[s - 1] + comm[s - 1], inf)
+            k = np.argmin(cand, axis=0)  # first minimum: deterministic
+            choice[s] = k
+            value[s] = cand[k, idx]
+        return value, choice
+
+    value, _ = solve(None)
+    bottleneck = value[n_stages, n]
+    if not np.isfinite(bottleneck):
+        return None
+    value, choice = solve(bottleneck * (1 + 1e-12) + 1e-15)
+    cuts = [n]
+    for s in range(n_stages, 0, -1):
+        cuts.append(int(choice[s, cuts[-1]]))
+    cuts.reverse()
+    stage_times = tuple(float(times[s][cuts[s + 1]] - times[s][cuts[s]]) for s in range(n_stages))
+    comm_times = tuple(float(cuts_cost[s][cuts[s]]) for s in range(1, n_stages))
+    return Partition(
+        cuts=tuple(cuts),
+        stage_times=stage_times,
+        comm_times=comm_times,
+        bottleneck=max(max(stage_times), max(comm_times, default=0.0)),
+        total=float(value[n_stages, n]),
+    )

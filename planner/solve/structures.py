@@ -1,0 +1,197 @@
+"""Which devices form each pipeline, in which stage order: the candidate structures of a plan.
+
+    for structure in candidate_structures(cluster, n_blocks=50):
+        structure.pipelines      # ((Slot, Slot, ...), ...): stage slots per pipeline, in order
+
+Small clusters (up to ``EXHAUSTIVE_DEVICES`` devices) are enumerated exhaustively: every way to pick
+devices and arrange them into ordered pipelines, up to symmetry (two devices of one type on one node
+are interchangeable, so only one of their arrangements is kept). Larger clusters get structured
+families that cover what heterogeneity-aware planners build:
+
+* per type, pipelines of S stages inside a node or spanning several nodes of that type (Metis,
+  Sailor), optionally with stages replicated r ways inside a node (DAPPLE, PipeDream);
+* mixed virtual workers that take a slice of every type (HetPipe), stage order by memory;
+* any subset of device types, so a type that would slow the iteration can be left idle.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from planner.contracts.cluster import Cluster, Device
+from planner.solve.partition import Slot
+
+__all__ = [
+    "EXHAUSTIVE_DEVICES",
+    "Structure",
+    "candidate_structures",
+    "describe",
+    "exhaustive_structures",
+    "structured_families",
+]
+
+EXHAUSTIVE_DEVICES = 6
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Pipelines as ordered stage slots; ``label`` says which family produced it."""
+
+    pipelines: tuple[tuple[Slot, ...], ...]
+    label: str
+
+    def devices(self) -> list[Device]:
+        return [d for p in self.pipelines for s in p for d in s.devices]
+
+
+def _classes(devices: list[Device]) -> list[list[Device]]:
+    """Interchangeable devices: same node, same type (file order kept)."""
+    by_key: dict[tuple[str, str], list[Device]] = {}
+    for d in devices:
+        by_key.setdefault((d.node, d.type.name), []).append(d)
+    return list(by_key.values())
+
+
+def exhaustive_structures(cluster: Cluster, *, max_stages: int) -> Iterator[Structure]:
+    """Every arrangement of a subset of devices into ordered pipelines of single-device stages,
+    one representative per symmetry class."""
+    classes = _classes(list(cluster.devices))
+    capacity = [len(c) for c in classes]
+    k = len(classes)
+    sequences: list[tuple[int, ...]] = []
+    for length in range(1, min(max_stages, sum(capacity)) + 1):
+        for seq in itertools.product(range(k), repeat=length):
+            if all(seq.count(c) <= capacity[c] for c in range(k)):
+                sequences.append(seq)
+
+    def extend(start: int, used: list[int], chosen: list[tuple[int, ...]]) -> Iterator[list[tuple[int, ...]]]:
+        if chosen:
+            yield list(chosen)
+        for idx in range(start, len(sequences)):
+            seq = sequences[idx]
+            need = [seq.count(c) for c in range(k)]
+            if all(used[c] + need[c] <= capacity[c] for c in range(k)):
+                for c in range(k):
+                    used[c] += need[c]
+                chosen.append(seq)
+                yield from extend(idx, used, chosen)  # idx, not idx + 1: a shape may repeat
+                chosen.pop()
+                for c in range(k):
+                    used[c] -= need[c]
+
+    for multiset in extend(0, [0] * k, []):
+        taken = [0] * k
+        pipelines = []
+        for seq in multiset:
+            slots = []
+            for c in seq:
+                slots.append(Slot.of([classes[c][taken[c]]]))
+                taken[c] += 1
+            pipelines.append(tuple(slots))
+        yield Structure(tuple(pipelines), describe(pipelines))
+
+
+def describe(pipelines: list[tuple[Slot, ...]]) -> str:
+    """``2 x [A100-80GB > V100-16GB]``: each distinct pipeline shape with how often it occurs."""
+    shapes: dict[str, int] = {}
+    for p in pipelines:
+        shape = " > ".join("+".join(d.type.name for d in s.devices) for s in p)
+        shapes[shape] = shapes.get(shape, 0) + 1
+    return ", ".join(f"{n} x [{shape}]" for shape, n in shapes.items())
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def structured_families(cluster: Cluster, *, max_stages: int) -> Iterator[Structure]:
+    """The structured candidates for a large cluster (see the module docstring)."""
+    types = list(cluster.device_types)
+    by_type: dict[str, list[list[Device]]] = {t: [] for t in types}
+    for cls in _classes(list(cluster.devices)):
+        by_type[cls[0].type.name].append(cls)
+
+    def type_shapes(type_name: str) -> list[tuple[str, list[tuple[Slot, ...]]]]:
+        """Alternative ways to turn all devices of one type into pipelines."""
+        classes = by_type[type_name]
+        shapes: list[tuple[str, list[tuple[Slot, ...]]]] = []
+        sizes = sorted({len(c) for c in classes})
+        if len(sizes) == 1:
+            per_node = sizes[0]
+            for replicas in (1, 2):
+                if per_node % replicas:
+                    continue
+                for stages in _divisors(per_node // replicas):
+                    if stages > max_stages:
+                        continue
+                    pipes = []
+                    for cls in classes:
+                        groups = [cls[i : i + replicas] for i in range(0, len(cls), replicas)]
+                        for p in range(0, len(groups), stages):
+                            pipes.append(tuple(Slot.of(g) for g in groups[p : p + stages]))
+                    shapes.append((f"{type_name}: {stages} stages x{replicas}", pipes))
+            # pipelines spanning g nodes of this type (for models that do not fit in one node)
+            span = 2
+            while span <= len(classes) and span * per_node <= max_stages:
+                pipes = []
+                for g in range(0, len(classes) - span + 1, span):
+                    devices = [d for cls in classes[g : g + span] for d in cls]
+                    pipes.append(tuple(Slot.of([d]) for d in devices))
+                shapes.append((f"{type_name}: {span * per_node} stages over {span} nodes", pipes))
+                span *= 2
+        else:  # uneven nodes: one pipeline per node, and data parallel
+            shapes.append((f"{type_name}: a pipeline per node", [tuple(Slot.of([d]) for d in c) for c in classes]))
+            shapes.append((f"{type_name}: data parallel", [(Slot.of([d]),) for c in classes for d in c]))
+        return shapes
+
+    per_type = {t: type_shapes(t) for t in types}
+    for subset_size in range(len(types), 0, -1):
+        for subset in itertools.combinations(types, subset_size):
+            for combo in itertools.product(*(per_type[t] for t in subset)):
+                label = "; ".join(name for name, _ in combo)
+                if subset_size < len(types):
+                    label += f" (idle: {', '.join(t for t in types if t not in subset)})"
+                yield Structure(tuple(p for _, pipes in combo for p in pipes), label)
+
+    # mixed virtual workers (HetPipe): inside each node, and across one node of each type
+    yield from _mixed_workers(cluster, by_type, max_stages=max_stages)
+
+
+def _mixed_workers(cluster: Cluster, by_type: dict[str, list[list[Device]]], *, max_stages: int) -> Iterator[Structure]:
+    mixed_nodes = [n for n in cluster.nodes if len({d.type.name for d in n.devices}) > 1]
+    if mixed_nodes:
+        pipes = []
+        for node in mixed_nodes:
+            ordered = sorted(node.devices, key=lambda d: (-d.type.memory, d.index))
+            if len(ordered) <= max_stages:
+                pipes.append(tuple(Slot.of([d]) for d in ordered))
+        others = [n for n in cluster.nodes if n not in mixed_nodes]
+        for node in others:
+            if len(node.devices) <= max_stages:
+                pipes.append(tuple(Slot.of([d]) for d in node.devices))
+        if pipes:
+            yield Structure(tuple(pipes), "a mixed pipeline per node")
+    types = [t for t, classes in by_type.items() if classes]
+    if len(types) < 2:
+        return
+    # one class of each type per worker, as many workers as the scarcest type allows
+    order = sorted(types, key=lambda t: -cluster.catalog.get(t).memory)
+    n_workers = min(len(by_type[t]) for t in order)
+    pipes = []
+    for w in range(n_workers):
+        devices = [d for t in order for d in by_type[t][w]]
+        if len(devices) <= max_stages:
+            pipes.append(tuple(Slot.of([d]) for d in devices))
+    if pipes:
+        yield Structure(tuple(pipes), "mixed virtual workers (a node of each type)")
+
+
+def candidate_structures(cluster: Cluster, *, n_blocks: int, max_stages: int = 16) -> Iterator[Structure]:
+    """Exhaustive for small clusters, structured families otherwise."""
+    limit = min(max_stages, n_blocks)
+    if len(cluster.devices) <= EXHAUSTIVE_DEVICES:
+        yield from exhaustive_structures(cluster, max_stages=limit)
+    else:
+        yield from structured_families(cluster, max_stages=limit)

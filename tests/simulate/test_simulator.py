@@ -1,0 +1,270 @@
+"""The simulator against closed forms, properties, and hand-built heterogeneous plans."""
+
+from __future__ import annotations
+
+import pytest
+from builders import linear_plan, make_cluster, make_profile
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.contracts.plan import Pipeline, Plan, Stage
+from planner.errors import HetplanError
+from planner.schedule.compile import compile_plan
+from planner.simulate import check_memory, simulate
+from planner.simulate.engine import Engine
+
+A100, V100 = "A100-80GB", "V100-16GB"
+
+
+# ---------------------------------------------------------------- closed forms
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize(("p", "m"), [(1, 1), (2, 3), (4, 4), (4, 8), (3, 16)])
+def test_homogeneous_iteration_and_bubble(schedule: str, p: int, m: int) -> None:
+    f, b = 1.5, 2.5  # per block at micro-batch 1; two blocks per stage
+    profile = make_profile(2 * p, times={A100: (f, b)})
+    cluster = make_cluster([("n0", [(A100, p)])])
+    result = simulate(linear_plan([f"n0/{i}" for i in range(p)], 2 * p, [1] * m, schedule=schedule), profile, cluster)
+    assert result.iteration_s == pytest.approx((m + p - 1) * 2 * (f + b))
+    assert result.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize(("schedule", "expected"), [("1f1b", lambda s, p, m: min(p - s, m)), ("gpipe", lambda s, p, m: m)])
+def test_peak_activations_follow_the_schedule(schedule: str, expected) -> None:
+    p, m = 4, 6
+    profile = make_profile(p, times={A100: (1.0, 2.0)}, activation_bytes=1000.0)
+    cluster = make_cluster([("n0", [(A100, p)])])
+    result = simulate(linear_plan([f"n0/{i}" for i in range(p)], p, [1] * m, schedule=schedule), profile, cluster)
+    for s in range(p):
+        memory = result.devices[f"n0/{s}"].memory
+        assert memory.peak_micro_batches == expected(s, p, m)
+        assert memory.activations == pytest.approx(1000.0 * expected(s, p, m))
+
+
+def test_transfer_costs_latency_plus_bytes_over_bandwidth() -> None:
+    # two stages on two nodes, one micro-batch: F0, send, F1, B1, send back, B0
+    profile = make_profile(2, times={A100: (1.0, 1.0)}, output_bytes=1e9)
+    cluster = make_cluster([("n0", [(A100, 1)]), ("n1", [(A100, 1)])], inter="10GB/s", inter_latency="1ms")
+    result = simulate(linear_plan(["n0/0", "n1/0"], 2, [1]), profile, cluster)
+    assert result.iteration_s == pytest.approx(4.0 + 2 * (0.001 + 0.1))
+
+
+def test_allreduce_overlaps_the_last_backward_and_precedes_the_step() -> None:
+    # two pipelines of one stage each (pure data parallel): the all-reduce of the whole model
+    profile = make_profile(2, times={A100: (1.0, 1.0)}, params=125_000_000)  # 2 blocks: 1 GB of fp32 gradients
+    cluster = make_cluster([("n0", [(A100, 1)]), ("n1", [(A100, 1)])], inter="10GB/s")
+    plan = Plan(global_batch=2, pipelines=[
+        Pipeline(1, (1,), (Stage(0, 2, ("n0/0",), (1.0,)),)),
+        Pipeline(1, (1,), (Stage(0, 2, ("n1/0",), (1.0,)),)),
+    ], optimizer="sgd")
+    result = simulate(plan, profile, cluster, timeline=True)
+    ring = 2 * (2 - 1) / 2 * 1e9 / 10e9
+    step = 250_000_000 * 12 / 2039e9  # SGD traffic over A100 memory bandwidth
+    assert result.iteration_s == pytest.approx(4.0 + ring + step)  # forward 2 s + backward 2 s, then sync
+    kinds = [k for _, k, *_ in result.timeline]
+    assert kinds.count("allreduce") == 2  # drawn on both devices' rows
+
+
+def test_allreduce_starts_when_its_group_is_done_not_at_the_end_of_the_backward() -> None:
+    # pipelines cut differently: blocks [2, 4) are on n0/1 and n1/1 in both → their group is ready
+    # half-way through the last backward of the 2-block stages.
+    profile = make_profile(4, times={A100: (1.0, 1.0)}, params=1000)
+    cluster = make_cluster([("n0", [(A100, 2)]), ("n1", [(A100, 2)])])
+    plan = Plan(global_batch=2, pipelines=[
+        Pipeline(1, (1,), (Stage(0, 2, ("n0/0",), (1.0,)), Stage(2, 4, ("n0/1",), (1.0,)))),
+        Pipeline(1, (1,), (Stage(0, 1, ("n1/0",), (1.0,)), Stage(1, 4, ("n1/1",), (1.0,)))),
+    ], optimizer="sgd")
+    compiled = compile_plan(plan, 4)
+    assert [g.blocks for g in compiled.groups] == [(2, 3), (1,), (0,)]
+    result = simulate(plan, profile, cluster, timeline=True)
+    starts = sorted(lo for row, kind, lo, hi, label in result.timeline if kind == "allreduce" and row == "n1/1")
+    # n1/1 runs blocks 1..3: forward 3 s after n1/0's 1 s; its backward starts at t=4 and
+    # finishes blocks 3 and 2 (group 0) at t=6, while the whole backward ends at t=7
+    assert starts[0] == pytest.approx(6.0)
+
+
+# ---------------------------------------------------------------- hand-built heterogeneous plans
+def test_replicated_stage_splits_each_micro_batch_by_share() -> None:
+    profile = make_profile(4, times={A100: (1.0, 2.0), V100: (2.0, 4.0)})
+    cluster = make_cluster([("n0", [(A100, 1), (V100, 2)])])
+    plan = Plan(global_batch=6, pipelines=[Pipeline(6, (3, 3), (
+        Stage(0, 2, ("n0/0",), (1.0,)),
+        Stage(2, 4, ("n0/1", "n0/2"), (0.5, 0.5)),
+    ))])
+    compiled = compile_plan(plan, 4)
+    assert compiled.programs["n0/1"].counts == (2, 2)  # 3 samples split 2 + 1 (ties to the lower index)
+    assert compiled.programs["n0/2"].counts == (1, 1)
+    result = simulate(plan, profile, cluster)
+    assert result.stages[1].fwd_s == pytest.approx(2 * 2 * 2.0 * 2)  # slowest replica: 2 samples × 2 blocks × 2 mbs
+    assert result.iteration_s > 0
+
+
+def test_unequal_micro_batches_shorten_the_fill() -> None:
+    """Startup splitting: smaller first micro-batches let later stages start sooner."""
+    profile = make_profile(4, times={A100: (1.0, 2.0)})
+    cluster = make_cluster([("n0", [(A100, 4)])])
+    devices = [f"n0/{i}" for i in range(4)]
+    even = simulate(linear_plan(devices, 4, [4, 4, 4, 4]), profile, cluster)
+    split = simulate(linear_plan(devices, 4, [1, 1, 2, 4, 4, 4]), profile, cluster)
+    assert split.iteration_s < even.iteration_s
+
+
+def test_pipelines_cut_differently_share_gradient_groups() -> None:
+    profile = make_profile(6, times={A100: (1.0, 2.0), V100: (2.0, 4.0)}, params=10)
+    cluster = make_cluster([("n0", [(A100, 2)]), ("n1", [(V100, 3)])])
+    plan = Plan(global_batch=8, pipelines=[
+        Pipeline(5, (1, 2, 2), (Stage(0, 3, ("n0/0",), (1.0,)), Stage(3, 6, ("n0/1",), (1.0,)))),
+        Pipeline(3, (1, 1, 1), (Stage(0, 2, ("n1/0",), (1.0,)), Stage(2, 4, ("n1/1",), (1.0,)),
+                                Stage(4, 6, ("n1/2",), (1.0,)))),
+    ])
+    compiled = compile_plan(plan, 6)
+    holders = {g.blocks: set(g.devices) for g in compiled.groups}
+    assert holders[(3,)] == {"n0/1", "n1/1"}
+    assert holders[(2,)] == {"n0/0", "n1/1"}
+    result = simulate(plan, profile, cluster)
+    assert set(result.devices) == {"n0/0", "n0/1", "n1/0", "n1/1", "n1/2"}
+
+
+def test_two_pipelines_sharing_an_inter_node_link_contend() -> None:
+    """Two pipelines send across the same pair of nodes: each gets half of the network link."""
+    profile = make_profile(2, times={A100: (0.001, 0.001)}, output_bytes=1e9)
+    cluster = make_cluster([("n0", [(A100, 2)]), ("n1", [(A100, 2)])], inter="10GB/s")
+    one = Plan(global_batch=1, pipelines=[
+        Pipeline(1, (1,), (Stage(0, 1, ("n0/0",), (1.0,)), Stage(1, 2, ("n1/0",), (1.0,)))),
+    ])
+    two = Plan(global_batch=2, pipelines=[
+        Pipeline(1, (1,), (Stage(0, 1, ("n0/0",), (1.0,)), Stage(1, 2, ("n1/0",), (1.0,)))),
+        Pipeline(1, (1,), (Stage(0, 1, ("n0/1",), (1.0,)), Stage(1, 2, ("n1/1",), (1.0,)))),
+    ])
+    alone = simulate(one, profile, cluster)
+    shared = simulate(two, profile, cluster)
+    assert alone.iteration_s == pytest.approx(0.004 + 2 * 0.1)
+    assert shared.iteration_s == pytest.approx(0.004 + 2 * 0.2)
+    assert "link" in shared.bottleneck
+
+
+def test_memory_overflow_names_pipeline_stage_and_device() -> None:
+    profile = make_profile(2, times={A100: (1.0, 1.0)}, params=10_000_000_000)  # 10 G params: 160 GB with Adam
+    cluster = make_cluster([("n0", [(A100, 2)])])
+    plan = linear_plan(["n0/0", "n0/1"], 2, [1], optimizer="adam")
+    result = simulate(plan, profile, cluster)
+    with pytest.raises(HetplanError, match=r"pipeline 0 stage 0 does not fit on n0/0"):
+        check_memory(result, plan)
+
+
+def test_plan_on_a_device_the_cluster_lacks_is_an_error() -> None:
+    profile = make_profile(2, times={A100: (1.0, 1.0)})
+    cluster = make_cluster([("n0", [(A100, 1)])])
+    with pytest.raises(HetplanError, match="no device 'n0/5'"):
+        simulate(linear_plan(["n0/0", "n0/5"], 2, [1]), profile, cluster)
+
+
+def test_profile_without_times_for_a_device_type_is_an_error() -> None:
+    profile = make_profile(2, times={A100: (1.0, 1.0)})
+    cluster = make_cluster([("n0", [(V100, 2)])])
+    with pytest.raises(HetplanError, match="no times for device type 'V100-16GB'"):
+        simulate(linear_plan(["n0/0", "n0/1"], 2, [1]), profile, cluster)
+
+
+def test_a_cycle_is_reported_as_a_deadlock_not_a_hang() -> None:
+    engine = Engine()
+    a, b = engine.add_fixed(1.0, "task a"), engine.add_fixed(1.0, "task b")
+    engine.add_edge(a, b)
+    engine.add_edge(b, a)
+    with pytest.raises(HetplanError, match="deadlocks"):
+        engine.run({})
+
+
+# ---------------------------------------------------------------- properties
+stage_times = st.lists(st.tuples(st.floats(0.1, 5.0), st.floats(0.1, 5.0)), min_size=1, max_size=5)
+
+
+def _two_type_setup(times: list[tuple[float, float]], speedup: float, latency: float, out_bytes: float):
+    n = len(times)
+    per_block = {A100: [(f / speedup, b / speedup) for f, b in times], V100: times}
+    profile = make_profile(n, per_block=per_block, output_bytes=out_bytes, params=100)
+    cluster = make_cluster([("n0", [(A100, n)]), ("n1", [(V100, n)])], inter="1GB/s", inter_latency=latency)
+    return profile, cluster
+
+
+@settings(max_examples=40, deadline=None)
+@given(times=stage_times, m=st.integers(1, 6), schedule=st.sampled_from(["1f1b", "gpipe"]),
+       mask=st.lists(st.booleans(), min_size=5, max_size=5), speedup=st.floats(1.0, 4.0))
+def test_a_faster_device_never_slows_the_iteration(times, m, schedule, mask, speedup) -> None:
+    n = len(times)
+    profile, cluster = _two_type_setup(times, speedup, 0.0, 0.0)
+    slow = [f"n1/{i}" for i in range(n)]
+    mixed = [f"n0/{i}" if mask[i] else f"n1/{i}" for i in range(n)]
+    base = simulate(linear_plan(slow, n, [1] * m, schedule=schedule), profile, cluster)
+    faster = simulate(linear_plan(mixed, n, [1] * m, schedule=schedule), profile, cluster)
+    assert faster.iteration_s <= base.iteration_s * (1 + 1e-9) + 1e-12
+
+
+@settings(max_examples=40, deadline=None)
+@given(times=stage_times, m=st.integers(1, 6), schedule=st.sampled_from(["1f1b", "gpipe"]),
+       factor=st.floats(1.0, 10.0))
+def test_a_faster_link_never_slows_the_iteration(times, m, schedule, factor) -> None:
+    n = len(times)
+    profile = make_profile(n, per_block={A100: times}, output_bytes=1e8)
+    nodes = [(f"n{i}", [(A100, 1)]) for i in range(n)]
+    slow = make_cluster(nodes, inter="1GB/s", inter_latency="1ms")
+    fast = make_cluster(nodes, inter=1e9 * factor, inter_latency=0.001 / factor)
+    plan = linear_plan([f"n{i}/0" for i in range(n)], n, [1] * m, schedule=schedule)
+    assert simulate(plan, profile, fast).iteration_s <= simulate(plan, profile, slow).iteration_s * (1 + 1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(times=stage_times, m=st.integers(1, 4), k=st.sampled_from([2, 3]), schedule=st.sampled_from(["1f1b", "gpipe"]))
+def test_more_micro_batches_of_the_same_total_never_raise_the_bubble(times, m, k, schedule) -> None:
+    n = len(times)
+    profile = make_profile(n, per_block={A100: times})
+    cluster = make_cluster([("n0", [(A100, n)])])
+    devices = [f"n0/{i}" for i in range(n)]
+    total = 12
+    coarse = simulate(linear_plan(devices, n, [total // m] * m if total % m == 0 else [total], schedule=schedule),
+                      profile, cluster)
+    mm = m * k if total % (m * k) == 0 else total
+    fine = simulate(linear_plan(devices, n, [total // mm] * mm, schedule=schedule), profile, cluster)
+    assert fine.bubble_fraction <= coarse.bubble_fraction + 1e-9
+
+
+@settings(max_examples=30, deadline=None)
+@given(times=stage_times, m=st.integers(1, 5), schedule=st.sampled_from(["1f1b", "gpipe"]),
+       mask=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_actions_respect_dependencies_and_never_overlap_on_a_device(times, m, schedule, mask) -> None:
+    n = len(times)
+    profile, cluster = _two_type_setup(times, 2.0, 1e-4, 1e6)
+    devices = [f"n0/{i}" if mask[i] else f"n1/{i}" for i in range(n)]
+    result = simulate(linear_plan(devices, n, [1] * m, schedule=schedule), profile, cluster, timeline=True)
+    by_device: dict[str, list[tuple[float, float]]] = {}
+    for row, kind, lo, hi, _ in result.timeline:
+        assert hi >= lo
+        if kind in ("F", "B", "step"):
+            by_device.setdefault(row, []).append((lo, hi))
+    for intervals in by_device.values():
+        intervals.sort()
+        for (_, end), (start, _) in zip(intervals, intervals[1:]):
+            assert start >= end - 1e-12
+    # every task starts no earlier than each predecessor ends (or its offset)
+    from planner.simulate import simulator as sim_module
+
+    compiled = compile_plan(linear_plan(devices, n, [1] * m, schedule=schedule), n)
+    from planner.simulate.costs import CostModel
+
+    engine, _, capacity = sim_module._build(compiled, CostModel(profile, cluster, optimizer="adam"), cluster)
+    engine.run(capacity)
+    for a in range(len(engine)):
+        for b, offset in engine.succ[a]:
+            ready = engine.end[a] if offset is None else engine.start[a] + offset
+            assert engine.start[b] >= ready - 1e-12
+
+
+@settings(max_examples=15, deadline=None)
+@given(times=stage_times, m=st.integers(1, 5), schedule=st.sampled_from(["1f1b", "gpipe"]))
+def test_results_are_deterministic(times, m, schedule) -> None:
+    n = len(times)
+    profile, cluster = _two_type_setup(times, 2.0, 1e-4, 1e6)
+    plan = linear_plan([f"n{i % 2}/{i}" for i in range(n)], n, [1] * m, schedule=schedule)
+    first = simulate(plan, profile, cluster, timeline=True)
+    second = simulate(plan, profile, cluster, timeline=True)
+    assert first.to_json() == second.to_json()
+    assert first.timeline == second.timeline
