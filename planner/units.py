@@ -19,7 +19,9 @@ import re
 
 __all__ = ["format_bandwidth", "format_bytes", "format_time", "parse_bandwidth", "parse_bytes", "parse_time"]
 
-_NUMBER = r"(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
+# A sign is accepted so that "-5GB/s" parses to a negative number and the caller (the contract
+# loader) can say "expected a positive value" instead of "not a bandwidth".
+_NUMBER = r"(?P<num>[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
 
 _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
@@ -35,13 +37,21 @@ def _plain_number(value: object, what: str, example: str) -> float | None:
     if isinstance(value, bool):
         raise ValueError(f"expected {what} such as '{example}', got {value!r}")
     if isinstance(value, (int, float)):
-        number = float(value)
-        if not math.isfinite(number):
-            raise ValueError(f"expected a finite {what}, got {value!r}")
-        return number
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float
+            raise ValueError(f"expected {what} that is a finite number, got {value!r}") from None
+        return _finite(number, what, value)
     if not isinstance(value, str):
         raise ValueError(f"expected {what} such as '{example}', got {type(value).__name__} {value!r}")
     return None
+
+
+def _finite(number: float, what: str, value: object) -> float:
+    """``number`` unless it overflowed: ``"1e999GB"`` is not a size anyone means."""
+    if not math.isfinite(number):
+        raise ValueError(f"expected {what} that is a finite number, got {value!r}")
+    return number
 
 
 def _prefix_scale(prefix: str | None) -> float:
@@ -58,7 +68,7 @@ def parse_bytes(value: object) -> float:
     match = _BYTES_RE.fullmatch(str(value).strip())
     if not match:
         raise ValueError(f"expected a size such as '80GiB' or '16GB', got {value!r}")
-    return float(match["num"]) * _prefix_scale(match["prefix"])
+    return _finite(float(match["num"]) * _prefix_scale(match["prefix"]), "a size", value)
 
 
 def parse_bandwidth(value: object) -> float:
@@ -71,7 +81,7 @@ def parse_bandwidth(value: object) -> float:
         raise ValueError(f"expected a bandwidth such as '600GB/s' or '100Gbps', got {value!r}")
     scale = _prefix_scale(match["prefix"])
     per_bit = match["unit"] in ("bps", "bit/s", "b/s")
-    return float(match["num"]) * scale / (8.0 if per_bit else 1.0)
+    return _finite(float(match["num"]) * scale / (8.0 if per_bit else 1.0), "a bandwidth", value)
 
 
 def parse_time(value: object) -> float:
@@ -82,7 +92,7 @@ def parse_time(value: object) -> float:
     match = _TIME_RE.fullmatch(str(value).strip())
     if not match:
         raise ValueError(f"expected a duration such as '5us' or '2ms', got {value!r}")
-    return float(match["num"]) / _TIME_DIVISOR[match["unit"]]
+    return _finite(float(match["num"]) / _TIME_DIVISOR[match["unit"]], "a duration", value)
 
 
 def format_bytes(n: float) -> str:

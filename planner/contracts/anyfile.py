@@ -31,6 +31,13 @@ def load_any(path: str | Path) -> tuple[str, Any]:
     schema = schema_of(data, path)
     kind = KINDS.get(schema)
     if kind is None:
+        same_contract = [s for s in KINDS if s.rsplit("/", 1)[0] == schema.rsplit("/", 1)[0]]
+        if same_contract and "/" in schema:
+            raise HetplanError(
+                f"unsupported schema version {schema!r}; this hetplan reads {same_contract[0]}",
+                file=str(path),
+                field="schema",
+            )
         known = ", ".join(KINDS)
         raise HetplanError(f"unknown schema {schema!r}; expected one of {known}", file=str(path), field="schema")
     name = str(path)

@@ -127,10 +127,26 @@ class Catalog:
         """The type called ``name``; an unknown name is a located error with a suggestion."""
         canonical = self.canonical(name)
         if canonical is None:
-            close = difflib.get_close_matches(name, sorted(self.types) + sorted(self._by_alias), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(self.types)}"
-            raise HetplanError(f"unknown device type {name!r}{hint}", file=file, field=field)
+            raise HetplanError(f"unknown device type {name!r}{self._hint(name)}", file=file, field=field)
         return self.types[canonical]
+
+    def _hint(self, name: str) -> str:
+        """A suggestion for an unknown name: same letters in another case, a longer name it starts, a
+        near spelling (aliases included), or else the list of types."""
+        text = str(name)
+        names = list(self.types) + sorted(self._by_alias)
+        same_case = [n for n in names if n.lower() == text.lower()]
+        if same_case:
+            return f"; did you mean '{same_case[0]}'?"
+        longer = [n for n in self.types if text and n.lower().startswith(text.lower())]
+        if len(longer) == 1:
+            return f"; did you mean '{longer[0]}'?"
+        if longer:
+            return f"; did you mean one of {', '.join(longer)}?"
+        close = difflib.get_close_matches(text, names, n=1)
+        if close:
+            return f"; did you mean '{close[0]}'?"
+        return f"; known: {', '.join(self.types)}"
 
     def with_types(self, extra: dict[str, DeviceType]) -> Catalog:
         """A catalog that also knows ``extra`` (inline and emulated types of a cluster)."""
@@ -158,7 +174,8 @@ def parse_emulated(name: str, f: Fields, catalog: Catalog) -> DeviceType:
         peak={k: v / slowdown for k, v in base.peak.items()},
         memory_bandwidth=base.memory_bandwidth / slowdown,
         aliases=(),
-        emulates=base.name,
+        # an emulated type of an emulated type is the root type slowed by both factors
+        emulates=base.emulates or base.name,
         slowdown=slowdown * base.slowdown,
     )
 

@@ -25,6 +25,10 @@ __all__ = ["CLUSTER_SCHEMA", "Cluster", "Device", "Link", "Node", "load_cluster"
 
 CLUSTER_SCHEMA = "hetplan/cluster/v1"
 
+#: The most devices one ``{type, count}`` entry may add. No server holds more; a larger number is a
+#: typo, and would otherwise build millions of device objects before anything else is checked.
+MAX_DEVICES_PER_ENTRY = 4096
+
 
 @dataclass(frozen=True)
 class Link:
@@ -215,7 +219,7 @@ def parse_cluster(data: dict, *, file: str | None = None, catalog: Catalog | Non
             if not isinstance(entry, Fields):
                 raise node_f.error("expected each entry to be a mapping such as {type: A100-80GB, count: 8}", "devices")
             device_type = _parse_device_type(entry, catalog, inline)
-            count = entry.integer("count", 1, minimum=1)
+            count = entry.integer("count", 1, minimum=1, maximum=MAX_DEVICES_PER_ENTRY)
             entry.done()
             for _ in range(count):
                 devices.append(Device(node=node_name, index=len(devices), type=device_type))
@@ -234,6 +238,8 @@ def parse_cluster(data: dict, *, file: str | None = None, catalog: Catalog | Non
     def node_set(entry: Fields, key: str, minimum: int) -> frozenset[str]:
         names = entry.list(key)
         for i, n in enumerate(names):
+            if not isinstance(n, str):
+                raise entry.error(f"expected a node name, got {n!r}", f"{key}[{i}]")
             if n not in seen_nodes:
                 raise entry.error(f"unknown node {n!r}", f"{key}[{i}]")
         if len(set(names)) < minimum:

@@ -36,9 +36,16 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
+#: Integers in contract files are counts, sizes and indices; beyond 2**53 they are typos (and no
+#: longer exact as floats), so they are refused rather than carried into arithmetic.
+MAX_INTEGER = 2**53
+
+
 def _type_name(value: object) -> str:
     if value is None:
         return "null"
+    if isinstance(value, Fields):
+        return "a mapping"
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
         type(value), type(value).__name__
     )
@@ -55,6 +62,9 @@ class Fields:
         self.data: dict[str, Any] = data
         self._used: set[str] = set()
 
+    def __repr__(self) -> str:  # shown in messages when a mapping sits where a scalar belongs
+        return repr(self.data)
+
     # -- places and errors -------------------------------------------------
     def where(self, key: str | int | None = None) -> str:
         """The field path of ``key`` inside this mapping."""
@@ -62,7 +72,10 @@ class Fields:
             return self.path or "(top level)"
         if isinstance(key, int):
             return f"{self.path}[{key}]"
-        return f"{self.path}.{key}" if self.path else str(key)
+        text = str(key)
+        if not text.isprintable():  # a key with a newline or control character: keep the error one line
+            text = repr(text)
+        return f"{self.path}.{text}" if self.path else text
 
     def error(self, reason: str, key: str | int | None = None) -> HetplanError:
         return HetplanError(reason, file=self.file, field=self.where(key))
@@ -75,9 +88,15 @@ class Fields:
         self._used.add(key)
         if key not in self.data:
             if default is MISSING:
-                raise self.error("missing required field", key)
+                raise self.error(f"missing required field{self._typo_hint(key)}", key)
             return default
         return self.data[key]
+
+    def _typo_hint(self, key: str) -> str:
+        """``; found 'memroy' (a typo?)`` when a key present here looks like the missing ``key``."""
+        present = [str(k) for k in self.data if k not in self._used]
+        close = difflib.get_close_matches(key, present, n=1, cutoff=0.75)
+        return f"; found {close[0]!r} (a typo?)" if close else ""
 
     def done(self, *, allow: tuple[str, ...] = ()) -> None:
         """Refuse keys that were never read: almost always a typo."""
@@ -125,7 +144,10 @@ class Fields:
     ) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error(f"expected a number, got {_type_name(value)} {value!r}", key)
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float
+            number = math.inf
         if not math.isfinite(number):
             raise self.error(f"expected a finite number, got {value!r}", key)
         if positive and number <= 0:
@@ -136,20 +158,30 @@ class Fields:
             raise self.error(f"expected a number <= {maximum:g}, got {value!r}", key)
         return number
 
-    def integer(self, key: str, default: Any = MISSING, *, minimum: int | None = None) -> Any:
+    def integer(
+        self, key: str, default: Any = MISSING, *, minimum: int | None = None, maximum: int | None = None
+    ) -> Any:
         value = self.raw(key, default)
         if value is default and default is not MISSING:
             return value
-        return self.check_integer(value, key, minimum=minimum)
+        return self.check_integer(value, key, minimum=minimum, maximum=maximum)
 
-    def check_integer(self, value: Any, key: str | int, *, minimum: int | None = None) -> int:
+    def check_integer(
+        self, value: Any, key: str | int, *, minimum: int | None = None, maximum: int | None = None
+    ) -> int:
+        given = value
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
             else:
                 raise self.error(f"expected an integer, got {_type_name(value)} {value!r}", key)
         if minimum is not None and value < minimum:
-            raise self.error(f"expected an integer >= {minimum}, got {value!r}", key)
+            raise self.error(f"expected an integer >= {minimum}, got {given!r}", key)
+        limit = MAX_INTEGER if maximum is None else min(maximum, MAX_INTEGER)
+        if value > limit:
+            raise self.error(f"expected an integer <= {limit}, got {given!r}", key)
+        if value < -MAX_INTEGER:
+            raise self.error(f"expected an integer >= {-MAX_INTEGER}, got {given!r}", key)
         return int(value)
 
     def boolean(self, key: str, default: Any = MISSING) -> Any:

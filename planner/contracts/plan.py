@@ -12,6 +12,7 @@ only the minimal keys: ``schema``, ``inputs`` (paths), ``global_batch``, ``pipel
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 PLAN_SCHEMA = "hetplan/plan/v1"
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 SCHEDULES = ("1f1b", "gpipe")
 OPTIMIZERS = ("sgd", "momentum", "adam")
 SYNC_MODES = ("allreduce",)
@@ -172,6 +174,16 @@ def _parse_stage(s: Fields) -> Stage:
     return Stage(start=start, end=end, devices=tuple(devices), shares=values)
 
 
+def _optional_mapping(f: Fields, key: str) -> dict[str, Any]:
+    """A free-form section the planner writes (``predicted``, ...): absent or null is empty."""
+    value = f.raw(key, None)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise f.error(f"expected a mapping, got {type(value).__name__} {value!r}", key)
+    return value
+
+
 def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
     """Build a :class:`Plan` from a parsed mapping; checks what needs no other file."""
     f = Fields(data, file=file)
@@ -186,6 +198,8 @@ def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
         item = {"path": entry.str("path")}
         sha = entry.str("sha256", None)
         if sha is not None:
+            if not _SHA256.fullmatch(sha):
+                raise entry.error(f"expected 64 hex digits (the file's sha256), got {sha!r}", "sha256")
             item["sha256"] = sha
         entry.done()
         inputs[key] = item
@@ -245,9 +259,9 @@ def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
         sync=f.str("sync", "allreduce", choices=SYNC_MODES),
         inputs=inputs,
         tool=tool if isinstance(tool, dict) else {"name": str(tool)},
-        predicted=f.raw("predicted", {}) or {},
-        baselines=f.raw("baselines", {}) or {},
-        details=f.raw("details", {}) or {},
+        predicted=_optional_mapping(f, "predicted"),
+        baselines=_optional_mapping(f, "baselines"),
+        details=_optional_mapping(f, "details"),
         file=file,
     )
     f.done()
@@ -314,10 +328,12 @@ def check_plan(plan: Plan, cluster: Cluster, profile: ModelProfile) -> None:
                 try:
                     profile.time_scale(device.type)
                 except HetplanError as exc:
+                    # the plan put this device here, so the plan's field is where to look
+                    where = f" {profile.file}" if profile.file else ""
                     raise HetplanError(
-                        f"{exc.reason} (device {address} of pipelines[{pi}].stages[{si}])",
-                        file=profile.file,
-                        field=exc.field,
+                        f"device {address} is a {device.type.name}: {exc.reason} (profile{where})",
+                        file=plan.file,
+                        field=f"pipelines[{pi}].stages[{si}].devices[{di}]",
                     ) from None
     if plan.dtype and plan.dtype != profile.dtype:
         raise HetplanError(

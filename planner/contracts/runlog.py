@@ -77,8 +77,12 @@ def load_run_log(path: str | Path) -> list[StepRecord]:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise HetplanError("file not found", file=name) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise HetplanError(f"cannot read as text: {exc}", file=name) from None
+    except IsADirectoryError:
+        raise HetplanError("is a directory, expected a JSON-lines run log", file=name) from None
+    except UnicodeDecodeError:
+        raise HetplanError("not a text file (invalid UTF-8); expected JSON lines", file=name) from None
+    except OSError as exc:
+        raise HetplanError(f"cannot read: {exc.strerror}", file=name) from None
     records = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -89,6 +93,8 @@ def load_run_log(path: str | Path) -> list[StepRecord]:
             raise HetplanError(
                 f"not JSON: {exc.msg} at column {exc.colno}", file=name, field=f"line {number}"
             ) from None
+        except RecursionError:
+            raise HetplanError("JSON nested too deeply to read", file=name, field=f"line {number}") from None
         records.append(parse_record(data, file=name, line=number))
     if not records:
         raise HetplanError("empty run log", file=name)

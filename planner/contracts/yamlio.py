@@ -9,6 +9,7 @@ written with ``repr`` (shortest round-trip form), so the same object gives the s
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +21,48 @@ __all__ = ["dump_yaml", "read_mapping", "schema_of", "sha256_of", "write_yaml"]
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (a silent overwrite hides a typo)."""
+    """SafeLoader that refuses duplicate keys (a silent overwrite hides a typo).
+
+    It also gives a place to values PyYAML recognises but cannot build: the date ``2023-13-45``
+    or ``!!float abc`` make SafeLoader raise a bare ``ValueError`` (or worse) with no line.
+    """
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+            kind = str(node.tag).rsplit(":", 1)[-1]
+            value = f" {node.value!r}" if isinstance(node, yaml.ScalarNode) else ""
+            reason = f" ({exc})" if isinstance(exc, ValueError) else ""
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {kind} value{value}{reason}", node.start_mark
+            ) from None
 
 
 def _construct_mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set = set()
+    seen: dict = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
+        try:
+            first = seen.get(key)
+        except TypeError:  # a list or mapping as a key: SafeLoader's own check reports it
+            continue
+        if first is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first at line {first.line + 1})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+# YAML 1.1 (PyYAML) reads 8.6e9, 1e-5 and 12.5e9 as *strings*: its floats need a dot and a signed
+# exponent. People write them as numbers (DESIGN.md's profile example has `flops_fwd: 8.6e9`), so
+# the loader reads them as floats, as YAML 1.2 does; the dumper quotes a string of that form so it
+# comes back a string.
+_SCIENTIFIC = re.compile(r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+|[-+]?\.[0-9_]+[eE][-+]?[0-9]+)$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _SCIENTIFIC, list("-+0123456789."))
 
 
 def read_mapping(path: str | Path) -> dict[str, Any]:
@@ -60,9 +89,20 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown place"
-        raise HetplanError(f"YAML syntax error at {where}: {exc.problem}", file=name) from None
+        problem = " ".join(str(exc.problem or exc.context or "not valid YAML").split())
+        what = "YAML error" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error"
+        raise HetplanError(f"{what} at {where}: {problem}", file=name) from None
+    except yaml.reader.ReaderError as exc:  # a control character: say where, as a line
+        line = text.count("\n", 0, exc.position) + 1
+        char = f"#x{exc.character:04x}" if isinstance(exc.character, int) else repr(exc.character)
+        raise HetplanError(f"YAML error at line {line}: {exc.reason} (character {char})", file=name) from None
     except yaml.YAMLError as exc:
-        raise HetplanError(f"YAML error: {exc}", file=name) from None
+        raise HetplanError(f"YAML error: {' '.join(str(exc).split())}", file=name) from None
+    except RecursionError:
+        raise HetplanError("YAML nested too deeply to read", file=name) from None
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        # The last guard: _Loader.construct_object already turns these into located errors.
+        raise HetplanError(f"YAML value cannot be read: {exc}", file=name) from None
     if not isinstance(data, dict):
         got = "nothing" if data is None else type(data).__name__
         raise HetplanError(f"expected a YAML mapping at the top level, got {got}", file=name)
@@ -91,9 +131,15 @@ def _represent_tuple(dumper: yaml.SafeDumper, data: tuple) -> yaml.Node:
 def _represent_float(dumper: yaml.SafeDumper, data: float) -> yaml.Node:
     if data != data or data in (float("inf"), float("-inf")):
         return yaml.SafeDumper.represent_float(dumper, data)
-    return dumper.represent_scalar("tag:yaml.org,2002:float", repr(float(data)))
+    text = repr(float(data))
+    mantissa, e, exponent = text.partition("e")
+    if e and "." not in mantissa:
+        # YAML 1.1 reads '5e-06' as a string; '5.0e-06' is a float, so no '!!float' tag is needed
+        text = f"{mantissa}.0e{exponent}"
+    return dumper.represent_scalar("tag:yaml.org,2002:float", text)
 
 
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _SCIENTIFIC, list("-+0123456789."))
 _Dumper.add_representer(tuple, _represent_tuple)
 _Dumper.add_representer(float, _represent_float)
 
@@ -115,4 +161,7 @@ def write_yaml(data: dict[str, Any], path: str | Path) -> None:
 
 def sha256_of(path: str | Path) -> str:
     """Hex digest of a file's bytes, recorded in a plan so a stale input is noticed."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as exc:
+        raise HetplanError(f"cannot read: {exc.strerror}", file=str(path)) from None

@@ -18,6 +18,9 @@ micro-batch is resharded: each pair of devices exchanges the overlap of their sa
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -130,8 +133,30 @@ def _reshard(
     return out
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while building many small objects.
+
+    Compiling and simulating a large plan allocates hundreds of thousands of tuples and lists and
+    no reference cycles; each allocation burst would otherwise trigger full collections that scan
+    every object built so far (a third of the time of a 512-device plan).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def compile_plan(plan: Plan, n_blocks: int) -> CompiledPlan:
     """Per-device action lists, every transfer, and the gradient groups of ``plan``."""
+    with gc_paused():
+        return _compile(plan, n_blocks)
+
+
+def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
     programs: dict[str, DeviceProgram] = {}
     transfers: list[Transfer] = []
     stage_programs: list[list[list[DeviceProgram]]] = []

@@ -22,8 +22,9 @@ OPTIMIZER_STEP_BYTES = {"sgd": 12.0, "momentum": 20.0, "adam": 28.0}
 
 
 def ring_allreduce_time(nbytes: float, n: int, link: Link) -> float:
-    """Ring all-reduce of ``nbytes`` over ``n`` ranks: 2(n-1)/n of the data crosses the slowest link,
-    in 2(n-1) latency-bound steps (reduce-scatter then all-gather)."""
+    """Ring all-reduce of ``nbytes`` over ``n`` ranks whose every hop is ``link``: reduce-scatter then
+    all-gather, 2(n-1) steps, each moving one ``nbytes / n`` chunk over every hop at once
+    (Patarasuk & Yuan 2009; the alpha-beta model): 2(n-1) (latency + nbytes / (n bandwidth))."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     return 2.0 * (n - 1) / n * nbytes / link.bandwidth + 2.0 * (n - 1) * link.latency
@@ -31,13 +32,11 @@ def ring_allreduce_time(nbytes: float, n: int, link: Link) -> float:
 
 def hierarchical_allreduce_time(nbytes: float, nodes: int, per_node: int, intra: Link, inter: Link) -> float:
     """Reduce-scatter inside each node, all-reduce of the 1/k shards between nodes (the k shards
-    share the node's network link, so together they move the whole buffer), all-gather inside."""
+    share the node's network link, so together they move the whole buffer), all-gather inside:
+    ``ring(nbytes, k, intra) + ring(nbytes, nodes, inter)``."""
     if nodes <= 1 or per_node <= 1:
         return float("inf")
-    k = per_node
-    inside = 2.0 * ((k - 1) / k * nbytes / intra.bandwidth + (k - 1) * intra.latency)
-    between = 2.0 * (nodes - 1) / nodes * nbytes / inter.bandwidth + 2.0 * (nodes - 1) * inter.latency
-    return inside + between
+    return ring_allreduce_time(nbytes, per_node, intra) + ring_allreduce_time(nbytes, nodes, inter)
 
 
 @dataclass
@@ -79,9 +78,23 @@ class CostModel:
         """Bytes of gradients of ``blocks`` (the parameters' storage size)."""
         return sum(self.profile.blocks[b].param_bytes for b in blocks)
 
+    def network_link(self, node_a: str, node_b: str) -> Link:
+        """The path between two nodes as one stream sees it: the inter-node link, capped by the
+        sender's and the receiver's network interface (``nic``), which the link may exceed."""
+        link = self.cluster.inter_node_link(node_a, node_b)
+        nic = min(self.cluster.node(node_a).nic_bandwidth, self.cluster.node(node_b).nic_bandwidth)
+        if nic < link.bandwidth:
+            return Link(bandwidth=nic, latency=link.latency, shared=link.shared)
+        return link
+
     def allreduce(self, nbytes: float, devices: list[Device]) -> float:
-        """All-reduce time for ``devices``: the faster of a flat ring over the slowest link it crosses
-        and a hierarchical all-reduce where every node holds the same number (>1) of devices."""
+        """All-reduce time for ``devices``: the faster of a flat ring and, where every node holds
+        the same number (>1) of them, a hierarchical all-reduce.
+
+        The flat ring visits the devices node by node, so it crosses each node's own link (if the
+        node holds more than one of them) and one network path between consecutive nodes; each
+        of its steps lasts as long as its slowest hop, so its time is the largest
+        :func:`ring_allreduce_time` over the links it crosses."""
         n = len(devices)
         if n <= 1 or nbytes <= 0:
             return 0.0
@@ -89,19 +102,17 @@ class CostModel:
         for d in devices:
             by_node.setdefault(d.node, []).append(d)
         nodes = list(by_node)
-        links = [self.cluster.node(x).link for x in nodes if len(by_node[x]) > 1]
-        inter = [
-            self.cluster.inter_node_link(nodes[i], nodes[(i + 1) % len(nodes)])
-            for i in range(len(nodes))
-            if len(nodes) > 1
-        ]
-        slowest = min(links + inter, key=lambda link: (link.bandwidth, -link.latency))
-        flat = ring_allreduce_time(nbytes, n, slowest)
+        intra = [self.cluster.node(x).link for x in nodes if len(by_node[x]) > 1]
+        inter = []
+        if len(nodes) > 1:
+            inter = [self.network_link(nodes[i], nodes[(i + 1) % len(nodes)]) for i in range(len(nodes))]
+        flat = max(ring_allreduce_time(nbytes, n, link) for link in intra + inter)
         counts = {len(v) for v in by_node.values()}
         if len(nodes) > 1 and len(counts) == 1 and next(iter(counts)) > 1:
-            intra = min(links, key=lambda link: link.bandwidth)
-            inter_slowest = min(inter, key=lambda link: link.bandwidth)
-            return min(flat, hierarchical_allreduce_time(nbytes, len(nodes), next(iter(counts)), intra, inter_slowest))
+            k = next(iter(counts))
+            inside = max(ring_allreduce_time(nbytes, k, link) for link in intra)
+            between = max(ring_allreduce_time(nbytes, len(nodes), link) for link in inter)
+            return min(flat, inside + between)
         return flat
 
     def optimizer_step(self, device: Device, start: int, end: int) -> float:

@@ -24,7 +24,7 @@ costs one int), :attr:`Engine.succ` shows both as ``(successor, offset or None)`
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from planner.errors import HetplanError
@@ -60,14 +60,35 @@ class Engine:
         """A task of known duration (compute, an intra-node transfer, a collective, a step)."""
         return self._add(duration if duration > 0.0 else 0.0, None, meta)
 
-    def add_fixed_many(self, durations: Sequence[float], metas: Sequence[Any]) -> range:
-        """Many tasks of known duration at once (same as :meth:`add_fixed` on each, in order)."""
+    def add_fixed_many(self, durations: Sequence[float], metas: Sequence[Any], *, chain: bool = False) -> range:
+        """Many tasks of known duration at once (as :meth:`add_fixed` on each, in order); with
+        ``chain``, each waits for the one before it (a device's compute order)."""
         first = len(self.duration)
         n = len(durations)
-        self.duration.extend(d if d > 0.0 else 0.0 for d in durations)
+        if n and min(durations) > 0.0:
+            self.duration.extend(durations)
+        else:
+            self.duration.extend([d if d > 0.0 else 0.0 for d in durations])
         self.flow.extend([None] * n)
         self.meta.extend(metas)
-        self.next.extend([] for _ in range(n))
+        if chain and n:
+            self.next.extend([[t] for t in range(first + 1, first + n)])
+            self.next.append([])
+            self.npred.append(0)
+            self.npred.extend([1] * (n - 1))
+        else:
+            self.next.extend([[] for _ in range(n)])
+            self.npred.extend([0] * n)
+        return range(first, first + n)
+
+    def add_many(self, durations: Sequence[float], flows: Sequence[tuple | None], metas: Sequence[Any]) -> range:
+        """Fixed tasks (flow None) and flows (``(bytes, latency, cap, resources)``) at once, in order."""
+        first = len(self.duration)
+        n = len(durations)
+        self.duration.extend([d if d > 0.0 else 0.0 for d in durations])
+        self.flow.extend(flows)
+        self.meta.extend(metas)
+        self.next.extend([[] for _ in range(n)])
         self.npred.extend([0] * n)
         return range(first, first + n)
 
@@ -83,20 +104,10 @@ class Engine:
             self.offset_next.setdefault(a, []).append((b, offset))
         self.npred[b] += 1
 
-    def add_chain(self, tasks: Iterable[int]) -> None:
-        """Each task of ``tasks`` waits for the one before it (a device's compute order)."""
-        nxt, npred = self.next, self.npred
-        prev = -1
-        for t in tasks:
-            if prev >= 0:
-                nxt[prev].append(t)
-                npred[t] += 1
-            prev = t
-
     @property
-    def succ(self) -> list[list[tuple[int, float | None]]]:
+    def succ(self) -> Sequence[list[tuple[int, float | None]]]:
         """Every task's successors as ``(task, offset)``; ``offset`` is None for a plain edge."""
-        return [[(b, None) for b in nx] + self.offset_next.get(a, []) for a, nx in enumerate(self.next)]
+        return _Successors(self)
 
     def __len__(self) -> int:
         return len(self.duration)
@@ -111,7 +122,7 @@ class Engine:
         binding = self.binding = [-1] * n
         duration, flows, nxt, offset_next = self.duration, self.flow, self.next, self.offset_next
 
-        # resources as small ints; per flow: (bytes, latency, cap, resource ids)
+        # resources as small ints; per flow: (bytes, latency, cap, resources) and its resource ids
         res_id: dict[Any, int] = {}
         res_cap: list[float] = []
         flow_res: dict[int, tuple[int, ...]] = {}
@@ -122,13 +133,16 @@ class Engine:
                     i = res_id.get(r)
                     if i is None:
                         i = res_id[r] = len(res_cap)
-                        res_cap.append(capacity.get(r, -1.0))  # -1: unlimited (the flow's own cap)
+                        res_cap.append(capacity.get(r, -1.0))  # -1: none given (the flow's own cap applies)
                     ids.append(i)
                 flow_res[t] = tuple(ids)
         on_resource: list[set[int]] = [set() for _ in res_cap]
-        remaining: dict[int, float] = {}  # active flow -> bytes left at `updated`
-        rate: dict[int, float] = {}
-        updated: dict[int, float] = {}
+        share = [0.0] * len(res_cap)  # capacity / flows on the resource, for resources with a capacity
+        # active flows: bytes left at `updated`, and the rate since then
+        active: set[int] = set()
+        remaining = [0.0] * n
+        rate = [0.0] * n
+        updated = [0.0] * n
         version = [0] * n
 
         # events: (time, seq, kind, task, successor-for-offset-edges or flow version)
@@ -140,20 +154,22 @@ class Engine:
         def reshare(now: float, resources: tuple[int, ...]) -> None:
             """New rates for the flows that share a resource with one that started or ended."""
             nonlocal seq
-            if len(resources) == 1:
-                touched = sorted(on_resource[resources[0]])
+            for r in resources:
+                if on_resource[r] and res_cap[r] >= 0.0:
+                    share[r] = res_cap[r] / len(on_resource[r])
+            if len(resources) == 2:
+                touched = sorted(on_resource[resources[0]] | on_resource[resources[1]])
             else:
                 touched = sorted(set().union(*[on_resource[r] for r in resources]))
             for f in touched:
                 left = remaining[f] - rate[f] * (now - updated[f])
-                updated[f] = now
-                r_f = flows[f][2]
-                for r in flow_res[f]:
-                    cap = res_cap[r]
-                    share = (cap if cap >= 0.0 else flows[f][2]) / len(on_resource[r])
-                    if share < r_f:
-                        r_f = share
                 remaining[f] = left
+                updated[f] = now
+                r_f = cap = flows[f][2]
+                for r in flow_res[f]:
+                    s = share[r] if res_cap[r] >= 0.0 else cap / len(on_resource[r])
+                    if s < r_f:
+                        r_f = s
                 rate[f] = r_f
                 version[f] += 1
                 push(heap, (now + (left if left > 0.0 else 0.0) / r_f, seq, _DRAINED, f, version[f]))
@@ -162,7 +178,16 @@ class Engine:
         finished = 0
         while heap:
             now, _, kind, t, other = pop(heap)
-            if kind == _READY:
+            if kind == _DONE:
+                end[t] = now
+                finished += 1
+                for b in nxt[t]:
+                    npred[b] -= 1
+                    if npred[b] == 0:
+                        binding[b] = t
+                        push(heap, (now, seq, _READY, b, -1))
+                        seq += 1
+            elif kind == _READY:
                 start[t] = now
                 offs = offset_next.get(t)
                 if offs is not None:
@@ -177,23 +202,15 @@ class Engine:
                     resources = flow_res[t]
                     for r in resources:
                         on_resource[r].add(t)
+                    active.add(t)
                     remaining[t] = flow[0]
                     rate[t] = 0.0
                     updated[t] = now
                     reshare(now, resources)
-            elif kind == _DONE:
-                end[t] = now
-                finished += 1
-                for b in nxt[t]:
-                    npred[b] -= 1
-                    if npred[b] == 0:
-                        binding[b] = t
-                        push(heap, (now, seq, _READY, b, -1))
-                        seq += 1
             elif kind == _DRAINED:
-                if t not in remaining or version[t] != other:
+                if t not in active or version[t] != other:
                     continue  # stale: the flow's rate changed after this completion was projected
-                del remaining[t], rate[t], updated[t]
+                active.discard(t)
                 resources = flow_res[t]
                 for r in resources:
                     on_resource[r].discard(t)
@@ -210,3 +227,18 @@ class Engine:
             stuck = next(t for t in range(n) if end[t] != end[t])
             raise HetplanError(f"the schedule deadlocks: {self.meta[stuck]} never runs (a cycle in its dependencies)")
         return max(end, default=0.0)
+
+
+class _Successors(Sequence):
+    """``engine.succ[a]``: task ``a``'s plain and offset edges as ``(task, offset)``, built on demand."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def __len__(self) -> int:
+        return len(self._engine.next)
+
+    def __getitem__(self, a: int) -> list[tuple[int, float | None]]:  # type: ignore[override]
+        engine = self._engine
+        a = range(len(engine.next))[a]  # IndexError and negative indices as a list has them
+        return [(b, None) for b in engine.next[a]] + list(engine.offset_next.get(a, []))

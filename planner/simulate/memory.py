@@ -65,15 +65,18 @@ def device_memory(program: DeviceProgram, profile: ModelProfile, *, optimizer: s
     per_sample = sum(b.activation_bytes for b in blocks)
     held = peak = 0.0
     in_flight = peak_count = 0
+    forward, backward = Kind.FORWARD, Kind.BACKWARD
     for action in program.actions:
-        if action.kind is Kind.FORWARD:
-            held += per_sample * action.samples
+        kind = action[0]
+        if kind is forward:
+            held += per_sample * (action[4] - action[3])  # its samples (hi - lo)
             in_flight += 1
             if held > peak:
                 peak = held
-            peak_count = max(peak_count, in_flight)
-        elif action.kind is Kind.BACKWARD:
-            held -= per_sample * action.samples
+            if in_flight > peak_count:
+                peak_count = in_flight
+        elif kind is backward:
+            held -= per_sample * (action[4] - action[3])
             in_flight -= 1
     return MemoryUse(
         weights=weight_bytes,

@@ -17,12 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from planner.contracts.cluster import Cluster
 from planner.contracts.model_profile import ModelProfile
 from planner.contracts.plan import Plan, check_plan
 from planner.errors import HetplanError
 from planner.schedule.actions import Kind
-from planner.schedule.compile import CompiledPlan, compile_plan
+from planner.schedule.compile import CompiledPlan, compile_plan, gc_paused
 from planner.simulate.costs import CostModel
 from planner.simulate.engine import Engine
 from planner.simulate.memory import MemoryUse, device_memory
@@ -73,7 +75,7 @@ class StageStats:
     devices: tuple[str, ...]
     fwd_s: float  # summed over micro-batches, slowest replica
     bwd_s: float
-    send_s: float  # activation transfers out of this stage, summed
+    send_s: float  # transfers this stage sends (activations forward, gradients back), summed
 
 
 @dataclass
@@ -144,108 +146,196 @@ class SimResult:
         }
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, cur_lo, cur_hi = 0.0, None, None
-    for lo, hi in sorted(intervals):
-        if cur_hi is None or lo > cur_hi:
-            if cur_hi is not None:
-                total += cur_hi - cur_lo
-            cur_lo, cur_hi = lo, hi
-        else:
-            cur_hi = max(cur_hi, hi)
-    if cur_hi is not None:
-        total += cur_hi - cur_lo
-    return total
+def _union_lengths(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, n_rows: int) -> list[float]:
+    """The total length each row's intervals cover (overlaps counted once), for every row at once.
+
+    Exactly the float operations of the plain loop (sort a row's ``(lo, hi)`` pairs; merge while
+    ``lo <= hi`` of the merged run; add ``run_hi - run_lo`` of each run in order), vectorised:
+    sort by (row, lo, hi); an interval opens a new merged segment when it starts after every
+    earlier interval of its row has ended. The running maximum of ``hi`` restarts at each row by
+    taking it over integer keys ``row * n + rank(hi)`` (rows ascend, so earlier rows never win).
+    """
+    n = len(rows)
+    if n == 0:
+        return [0.0] * n_rows
+    order = np.lexsort((hi, lo, rows))
+    rows, lo, hi = rows[order], lo[order], hi[order]
+    by_hi = np.argsort(hi, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_hi] = np.arange(n, dtype=np.int64)
+    reach = np.maximum.accumulate(rows.astype(np.int64) * n + rank)  # latest end so far, as a key
+    reach_hi = hi[by_hi[reach - rows.astype(np.int64) * n]]  # ... and as a time
+    opens = np.ones(n, dtype=bool)
+    opens[1:] = (rows[1:] != rows[:-1]) | (lo[1:] > reach_hi[:-1])
+    first = np.flatnonzero(opens)
+    last = np.append(first[1:] - 1, n - 1)
+    lengths = reach_hi[last] - lo[first]
+    return np.bincount(rows[first], weights=lengths, minlength=n_rows).tolist()
 
 
-def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[Engine, dict, dict]:
-    """Tasks and edges for one iteration; returns the engine, compute-task ids and resource capacities."""
+# task kinds in _Tasks.kind
+_F, _B, _SEND, _AR, _STEP = 0, 1, 2, 3, 4
+
+
+class _Tasks(NamedTuple):
+    """Parallel to the engine's tasks: what each stands for, as small ints (for vectorised statistics)."""
+
+    kind: list[int]  # _F, _B, _SEND, _AR or _STEP
+    row: list[int]  # index of the device (in ``compiled.programs`` order); the sender of a transfer; -1
+    peer: list[int]  # the receiver of a transfer, the group of an all-reduce; -1 otherwise
+
+
+def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[Engine, _Tasks, dict]:
+    """Tasks and edges for one iteration; returns the engine, what each task is, and resource capacities.
+
+    Task order (and so the engine's tie-breaking): every device's forwards and backwards in
+    program order, then the transfers in ``compiled.transfers`` order, the all-reduces in group
+    order, and the optimizer steps.
+    """
     engine = Engine()
-    compute_task: dict[tuple[str, bool, int], int] = {}  # (device, backward?, micro)
-    last_compute: dict[str, int] = {}
-    last_backward: dict[str, int] = {}
+    programs = compiled.programs
+    index = {a: i for i, a in enumerate(programs)}
+    kinds: list[int] = []
+    rows: list[int] = []
+    peers: list[int] = []
+    nxt, npred = engine.next, engine.npred
+    new = tuple.__new__  # NamedTuple construction without the generated __new__'s Python frame
     forward, backward_kind = Kind.FORWARD, Kind.BACKWARD
-    add_fixed, add_edge = engine.add_fixed, engine.add_edge
-    for address, program in compiled.programs.items():
-        device = cluster.device(address)
-        prev = -1
+    fwd_task: dict[str, list[int]] = {}  # device -> task of each micro-batch's forward (-1: none)
+    bwd_task: dict[str, list[int]] = {}
+    last_compute: dict[str, int] = {}
+    last_backward: dict[str, tuple[int, int]] = {}  # device -> (task, samples) of its last backward
+    devices = {a: cluster.device(a) for a in programs}
+    for row, (address, program) in enumerate(programs.items()):
+        device = devices[address]
         pipeline, stage, start, end = program.pipeline, program.stage, program.start, program.end
+        f_ids = [-1] * len(program.counts)
+        b_ids = [-1] * len(program.counts)
+        seconds_of: dict[int, float] = {}  # 2 * samples + backward -> seconds (stage compute per share)
+        durations: list[float] = []
+        metas: list[TaskInfo] = []
+        task = len(engine)
+        last_b = (-1, 0)
         for action in program.actions:
-            kind = action.kind
-            if kind is not forward and kind is not backward_kind:
+            kind = action[0]
+            if kind is forward:
+                backward = 0
+            elif kind is backward_kind:
+                backward = 1
+            else:
                 continue
-            backward = kind is backward_kind
-            seconds = costs.compute(device, start, end, action.hi - action.lo, backward=backward)
-            t = add_fixed(seconds, TaskInfo(kind.value, address, pipeline, stage, action.micro))
-            compute_task[(address, backward, action.micro)] = t
-            if prev >= 0:
-                add_edge(prev, t)
-            prev = t
+            micro, samples = action[1], action[4] - action[3]
+            key = 2 * samples + backward
+            seconds = seconds_of.get(key)
+            if seconds is None:
+                seconds = seconds_of[key] = costs.compute(device, start, end, samples, backward=bool(backward))
+            durations.append(seconds)
             if backward:
-                last_backward[address] = t
-        last_compute[address] = prev
+                metas.append(new(TaskInfo, ("B", address, pipeline, stage, micro, "", -1)))
+                b_ids[micro] = task
+                last_b = (task, samples)
+            else:
+                metas.append(new(TaskInfo, ("F", address, pipeline, stage, micro, "", -1)))
+                f_ids[micro] = task
+            kinds.append(backward)  # _F == 0, _B == 1
+            task += 1
+        ids = engine.add_fixed_many(durations, metas, chain=True)
+        rows.extend([row] * len(ids))
+        peers.extend([-1] * len(ids))
+        fwd_task[address], bwd_task[address] = f_ids, b_ids
+        last_compute[address] = ids[-1] if ids else -1
+        if last_b[0] >= 0:
+            last_backward[address] = last_b
 
     capacity: dict[Any, float] = {}
     for node in cluster.nodes:
         capacity[("out", node.name)] = node.nic_bandwidth
         capacity[("in", node.name)] = node.nic_bandwidth
+    node_of = {a: d.node for a, d in devices.items()}
+    per_sample = {a: costs.boundary_bytes(p.end, 1) for a, p in programs.items()}  # bytes out of its stage
     links: dict[tuple[str, str], Any] = {}
+    durations, flows, metas = [], [], []
+    receivers: list[int] = []  # the compute task each transfer releases
+    task = len(engine)
     for tr in compiled.transfers:
-        src, dst = cluster.device(tr.src), cluster.device(tr.dst)
-        program = compiled.programs[tr.dst if tr.grad else tr.src]
-        nbytes = costs.boundary_bytes(program.end, tr.samples)
-        link = links.get((src.node, dst.node))
+        pipeline, stage, micro, src, dst, lo, hi, grad = tr
+        src_node, dst_node = node_of[src], node_of[dst]
+        nbytes = per_sample[dst if grad else src] * (hi - lo)
+        link = links.get((src_node, dst_node))
         if link is None:
-            link = links[(src.node, dst.node)] = cluster.link(src, dst)
-        info = TaskInfo("send", tr.src, tr.pipeline, tr.stage + (1 if tr.grad else 0), tr.micro, tr.dst)
-        if link.shared:
-            t = engine.add_flow(
-                nbytes,
-                latency=link.latency,
-                cap=link.bandwidth,
-                resources=(("out", src.node), ("in", dst.node)),
-                meta=info,
-            )
+            link = links[(src_node, dst_node)] = cluster.link(devices[src], devices[dst])
+        if grad:
+            metas.append(new(TaskInfo, ("send", src, pipeline, stage + 1, micro, dst, -1)))
+            before, after = bwd_task[src][micro], bwd_task[dst][micro]
         else:
-            t = engine.add_fixed(link.transfer_time(nbytes), info)
-        engine.add_edge(compute_task[(tr.src, tr.grad, tr.micro)], t)
-        engine.add_edge(t, compute_task[(tr.dst, tr.grad, tr.micro)])
+            metas.append(new(TaskInfo, ("send", src, pipeline, stage, micro, dst, -1)))
+            before, after = fwd_task[src][micro], fwd_task[dst][micro]
+        if link.shared and nbytes > 0:  # nothing to send costs nothing, as on a node's own link
+            durations.append(0.0)
+            resources = (("out", src_node), ("in", dst_node))
+            flows.append((float(nbytes), float(link.latency), float(link.bandwidth), resources))
+        else:
+            durations.append(link.transfer_time(nbytes))
+            flows.append(None)
+        nxt[before].append(task)  # the transfer waits for the compute that produces its data ...
+        npred[after] += 1  # ... and the compute that consumes it waits for the transfer
+        receivers.append(after)
+        task += 1
+    ids = engine.add_many(durations, flows, metas)
+    for t, after in zip(ids, receivers, strict=True):
+        nxt[t].append(after)
+        npred[t] += 1
+    kinds.extend([_SEND] * len(ids))
+    rows.extend(index[tr.src] for tr in compiled.transfers)
+    peers.extend(index[tr.dst] for tr in compiled.transfers)
 
-    done_comm: dict[str, list[int]] = {a: [] for a in compiled.programs}
+    done_comm: dict[str, list[int]] = {a: [] for a in programs}
     last_comm: dict[str, int] = {}
     for group in compiled.groups:
         if len(group.devices) <= 1:
             continue
-        devices = [cluster.device(a) for a in group.devices]
-        seconds = costs.allreduce(costs.gradient_bytes(group.blocks), devices)
+        seconds = costs.allreduce(costs.gradient_bytes(group.blocks), [devices[a] for a in group.devices])
         t = engine.add_fixed(seconds, TaskInfo("allreduce", group.devices[0], -1, -1, group=group.id))
+        kinds.append(_AR)
+        rows.append(-1)
+        peers.append(group.id)
         for address in group.devices:
-            program = compiled.programs[address]
+            program = programs[address]
             if address in last_backward:
-                last_b = last_backward[address]
+                last_b, samples = last_backward[address]
                 lowest = min(b for b in group.blocks if program.start <= b < program.end)
-                samples = program.counts[max(j for j, c in enumerate(program.counts) if c > 0)]
-                per_block = costs.block_times(cluster.device(address), samples, backward=True)
+                per_block = costs.block_times(devices[address], samples, backward=True)
                 engine.add_edge(last_b, t, offset=sum(per_block[lowest : program.end]))
             if address in last_comm:
                 engine.add_edge(last_comm[address], t)
             last_comm[address] = t
             done_comm[address].append(t)
 
-    for address, program in compiled.programs.items():
-        device = cluster.device(address)
+    for row, (address, program) in enumerate(programs.items()):
         info = TaskInfo("step", address, program.pipeline, program.stage)
-        t = engine.add_fixed(costs.optimizer_step(device, program.start, program.end), info)
+        t = engine.add_fixed(costs.optimizer_step(devices[address], program.start, program.end), info)
+        kinds.append(_STEP)
+        rows.append(row)
+        peers.append(-1)
         if last_compute[address] >= 0:
             engine.add_edge(last_compute[address], t)
         for c in done_comm[address]:
             engine.add_edge(c, t)
-    return engine, compute_task, capacity
+    return engine, _Tasks(kinds, rows, peers), capacity
 
 
 def _critical_path(engine: Engine) -> list[tuple[str, float]]:
-    """Walk back from the last task along the predecessors that released each task last."""
-    t = max(range(len(engine)), key=lambda i: (engine.end[i], -i))
+    """Walk back from the last task along the predecessors that released each task last.
+
+    Each task on the path is charged from its start until it released the next one: its end for
+    a plain edge, its start + offset for an offset edge (an all-reduce released part-way through a
+    backward charges the backward only up to the release). Every task starts the moment it is
+    released, so the charges tile ``[0, iteration]`` and sum to the iteration time.
+    """
+    if not len(engine):
+        return []
+    t = int(np.argmax(engine.end))  # the last task to end (the first such, on a tie)
+    until = engine.end[t]
     spent: dict[str, float] = {}
     while t >= 0:
         info: TaskInfo = engine.meta[t]
@@ -255,60 +345,79 @@ def _critical_path(engine: Engine) -> list[tuple[str, float]]:
             what = f"link {info.device} -> {info.peer}"
         else:
             what = f"all-reduce of group {info.group}"
-        spent[what] = spent.get(what, 0.0) + engine.end[t] - engine.start[t]
+        lo = engine.start[t]
+        spent[what] = spent.get(what, 0.0) + min(engine.end[t], until) - lo
+        until = lo
         t = engine.binding[t]
     return sorted(spent.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _timeline_rows(engine: Engine, compiled: CompiledPlan) -> list[tuple[str, str, float, float, str]]:
+    rows = []
+    for t in range(len(engine)):
+        info: TaskInfo = engine.meta[t]
+        lo, hi = engine.start[t], engine.end[t]
+        if info.kind == "allreduce":
+            label = str(info)
+            rows.extend((address, info.kind, lo, hi, label) for address in compiled.groups[info.group].devices)
+        else:
+            rows.append((info.device, info.kind, lo, hi, str(info)))
+    return rows
 
 
 def simulate(
     plan: Plan, profile: ModelProfile, cluster: Cluster, *, timeline: bool = False, compiled: CompiledPlan | None = None
 ) -> SimResult:
     """Simulate one iteration of ``plan``; raises :class:`HetplanError` if it does not match its inputs."""
+    with gc_paused():
+        return _simulate(plan, profile, cluster, timeline=timeline, compiled=compiled)
+
+
+def _simulate(
+    plan: Plan, profile: ModelProfile, cluster: Cluster, *, timeline: bool, compiled: CompiledPlan | None
+) -> SimResult:
     check_plan(plan, cluster, profile)
     compiled = compiled or compile_plan(plan, len(profile.blocks))
     costs = CostModel(profile, cluster, optimizer=plan.optimizer)
-    engine, _, capacity = _build(compiled, costs, cluster)
+    engine, tasks, capacity = _build(compiled, costs, cluster)
     iteration = engine.run(capacity)
 
-    busy: dict[str, list[tuple[float, float]]] = {a: [] for a in compiled.programs}
-    comm: dict[str, list[tuple[float, float]]] = {a: [] for a in compiled.programs}
-    compute_s = dict.fromkeys(compiled.programs, 0.0)
-    step_s = dict.fromkeys(compiled.programs, 0.0)
-    stage_fwd: dict[tuple[int, int, str], float] = {}
-    stage_bwd: dict[tuple[int, int, str], float] = {}
-    stage_send: dict[tuple[int, int], float] = {}
-    rows = []
-    for t in range(len(engine)):
-        info: TaskInfo = engine.meta[t]
-        lo, hi = engine.start[t], engine.end[t]
-        if info.kind in ("F", "B"):
-            busy[info.device].append((lo, hi))
-            compute_s[info.device] += hi - lo
-            table = stage_fwd if info.kind == "F" else stage_bwd
-            key = (info.pipeline, info.stage, info.device)
-            table[key] = table.get(key, 0.0) + hi - lo
-        elif info.kind == "step":
-            busy[info.device].append((lo, hi))
-            step_s[info.device] += hi - lo
-        elif info.kind == "send":
-            comm[info.device].append((lo, hi))
-            comm[info.peer].append((lo, hi))
-            if info.micro >= 0:
-                key2 = (info.pipeline, info.stage)
-                stage_send[key2] = stage_send.get(key2, 0.0) + hi - lo
-        else:
-            group = compiled.groups[info.group]
-            for address in group.devices:
-                comm[address].append((lo, hi))
-                if timeline:
-                    rows.append((address, info.kind, lo, hi, str(info)))
-            continue
-        if timeline:
-            rows.append((info.device, info.kind, lo, hi, str(info)))
+    # per-device and per-stage sums, vectorised (bincount adds in task order, as a loop would)
+    n_dev = len(compiled.programs)
+    start, end = np.asarray(engine.start), np.asarray(engine.end)
+    spent = end - start
+    kind, row, peer = np.asarray(tasks.kind), np.asarray(tasks.row), np.asarray(tasks.peer)
+
+    def per_device(mask: np.ndarray) -> list[float]:
+        return np.bincount(row[mask], weights=spent[mask], minlength=n_dev).tolist()
+
+    is_f, is_b, is_send, is_step = kind == _F, kind == _B, kind == _SEND, kind == _STEP
+    compute_s = per_device(is_f | is_b)
+    fwd_s, bwd_s, step_s = per_device(is_f), per_device(is_b), per_device(is_step)
+    stage_of = [(p.pipeline, p.stage) for p in compiled.programs.values()]
+    stage_id = {key: i for i, key in enumerate(dict.fromkeys(stage_of))}
+    device_stage = np.asarray([stage_id[key] for key in stage_of], dtype=np.int64)
+    send_by_stage = np.bincount(device_stage[row[is_send]], weights=spent[is_send], minlength=len(stage_id)).tolist()
+
+    busy_mask = is_f | is_b | is_step
+    busy = _union_lengths(row[busy_mask], start[busy_mask], end[busy_mask], n_dev)
+    index = {a: i for i, a in enumerate(compiled.programs)}
+    ar_rows, ar_lo, ar_hi = [], [], []  # an all-reduce keeps every device of its group communicating
+    for t in np.flatnonzero(kind == _AR).tolist():
+        for address in compiled.groups[tasks.peer[t]].devices:
+            ar_rows.append(index[address])
+            ar_lo.append(engine.start[t])
+            ar_hi.append(engine.end[t])
+    comm = _union_lengths(
+        np.concatenate([row[is_send], peer[is_send], np.asarray(ar_rows, dtype=row.dtype)]),
+        np.concatenate([start[is_send], start[is_send], np.asarray(ar_lo, dtype=float)]),
+        np.concatenate([end[is_send], end[is_send], np.asarray(ar_hi, dtype=float)]),
+        n_dev,
+    )
 
     devices: dict[str, DeviceStats] = {}
     total_compute = 0.0
-    for address, program in compiled.programs.items():
+    for i, (address, program) in enumerate(compiled.programs.items()):
         device = cluster.device(address)
         memory = device_memory(program, profile, optimizer=plan.optimizer, capacity=device.type.memory)
         devices[address] = DeviceStats(
@@ -316,13 +425,13 @@ def simulate(
             type=device.type.name,
             pipeline=program.pipeline,
             stage=program.stage,
-            compute_s=compute_s[address],
-            optimizer_s=step_s[address],
-            comm_s=_union_length(comm[address]),
-            idle_s=max(0.0, iteration - _union_length(busy[address])),
+            compute_s=compute_s[i],
+            optimizer_s=step_s[i],
+            comm_s=comm[i],
+            idle_s=max(0.0, iteration - busy[i]),
             memory=memory,
         )
-        total_compute += compute_s[address]
+        total_compute += compute_s[i]
     bubble = 1.0 - total_compute / (iteration * len(devices)) if iteration > 0 else 0.0
 
     stages = []
@@ -334,9 +443,9 @@ def simulate(
                     stage=si,
                     blocks=(s.start, s.end),
                     devices=s.devices,
-                    fwd_s=max(stage_fwd.get((pi, si, d), 0.0) for d in s.devices),
-                    bwd_s=max(stage_bwd.get((pi, si, d), 0.0) for d in s.devices),
-                    send_s=stage_send.get((pi, si), 0.0),
+                    fwd_s=max(fwd_s[index[d]] for d in s.devices),
+                    bwd_s=max(bwd_s[index[d]] for d in s.devices),
+                    send_s=send_by_stage[stage_id[(pi, si)]] if (pi, si) in stage_id else 0.0,
                 )
             )
     path = _critical_path(engine)
@@ -348,7 +457,7 @@ def simulate(
         stages=stages,
         critical_path=path,
         bottleneck=path[0][0] if path else "",
-        timeline=rows,
+        timeline=_timeline_rows(engine, compiled) if timeline else [],
         n_tasks=len(engine),
     )
 

@@ -5,11 +5,14 @@
     best.cuts            # [0, 31, 50]: stage s runs blocks [cuts[s], cuts[s+1])
     best.bottleneck      # the slowest per-micro-batch cycle (a stage, or a cut's transfer)
 
-The objective is lexicographic: first the bottleneck (the slowest stage or boundary transfer per
-micro-batch, which sets the steady-state rate of a pipeline), then the sum of stage and transfer
-times (the pipeline fill and drain). Both are found by dynamic programming over contiguous block
-ranges, O(S n^2), with every stage's memory (weights, gradients, optimizer state, activations of the
-micro-batches it holds under the schedule) as a hard constraint.
+The objective is the pipeline's time for ``M`` micro-batches, ``(M - 1) x bottleneck + total``: the
+bottleneck (the slowest stage or boundary transfer per micro-batch) sets the steady-state rate, the
+total (every stage and transfer once) is the fill and drain. It is minimised exactly: a min-max DP
+gives the smallest bottleneck; then, for each larger candidate bottleneck (every distinct stage or
+transfer time, ascending), a min-sum DP under that cap, stopping once ``(M - 1) x cap`` plus the
+smallest possible total can no longer win. Each DP is O(S n^2) over contiguous block ranges, with
+every stage's memory (weights, gradients, optimizer state, activations of the micro-batches it
+holds under the schedule) as a hard constraint.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from planner.contracts.plan import split_micro_batch
 from planner.solve.tables import CostTables
 
 __all__ = ["Partition", "Slot", "in_flight", "partition", "slot_fits", "slot_times"]
+
+# Above this many micro-batches the bottleneck dominates so strongly that the min-max solution is
+# kept as is (the cap enumeration would almost never find a better one).
+_NO_PRUNE_LIMIT = 10**6
 
 
 @dataclass(frozen=True)
@@ -97,10 +104,13 @@ def partition(
     n_micro: int,
     schedule: str,
     links: list[Link],
+    objective_micro: int | None = None,
 ) -> Partition | None:
     """The best contiguous split of all blocks over ``slots`` (in that order), or None if none fits.
 
-    ``links[s]`` is the link between slot ``s`` and slot ``s + 1``.
+    ``links[s]`` is the link between slot ``s`` and slot ``s + 1``; ``n_micro`` sets how many
+    micro-batches a stage holds (memory), ``objective_micro`` how many the time objective counts
+    (default ``n_micro``).
     """
     n, n_stages = tables.n, len(slots)
     if n_stages > n:
@@ -137,7 +147,22 @@ def partition(
     bottleneck = value[n_stages, n]
     if not np.isfinite(bottleneck):
         return None
+    weight = max((objective_micro if objective_micro is not None else n_micro) - 1, 0)
     value, choice = solve(bottleneck * (1 + 1e-12) + 1e-15)
+    best_total = value[n_stages, n]
+    best_objective, best_choice = weight * bottleneck + best_total, choice
+    if weight < _NO_PRUNE_LIMIT:
+        floor_value, _ = solve(inf)  # the smallest total with no cap: a bound on every total
+        floor = floor_value[n_stages, n]
+        caps = np.unique(np.concatenate([c[np.isfinite(c)] for c in cycle]))
+        for cap in caps[caps > bottleneck * (1 + 1e-12)]:
+            if weight * cap + floor >= best_objective:
+                break
+            value, choice = solve(cap * (1 + 1e-12))
+            total = value[n_stages, n]
+            if weight * cap + total < best_objective * (1 - 1e-12):
+                best_objective, best_choice = weight * cap + total, choice
+    choice = best_choice
     cuts = [n]
     for s in range(n_stages, 0, -1):
         cuts.append(int(choice[s, cuts[-1]]))
@@ -149,5 +174,5 @@ def partition(
         stage_times=stage_times,
         comm_times=comm_times,
         bottleneck=max(max(stage_times), max(comm_times, default=0.0)),
-        total=float(value[n_stages, n]),
+        total=sum(stage_times) + sum(comm_times),
     )

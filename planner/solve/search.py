@@ -19,6 +19,7 @@ Search, in order:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from planner.simulate.simulator import SimResult, simulate
 from planner.solve.batching import allocate_batch, micro_batch_list, startup_splits
 from planner.solve.bounds import compute_lower_bound
 from planner.solve.partition import Partition, Slot, partition
-from planner.solve.structures import Structure, candidate_structures
+from planner.solve.structures import EXHAUSTIVE_DEVICES, Structure, candidate_structures
 from planner.solve.tables import CostTables
 
 __all__ = ["Candidate", "PlanOptions", "PlanResult", "evaluate_structure", "plan_training", "simulate_or_none"]
@@ -79,7 +80,8 @@ def _slowest_link(cluster: Cluster, a: Slot, b: Slot) -> Link:
 
 def _signature(cluster: Cluster, slots: tuple[Slot, ...]) -> tuple:
     kinds = tuple((tuple(d.type.name for d in s.devices), s.shares) for s in slots)
-    links = tuple((lk.bandwidth, lk.latency) for lk in (_slowest_link(cluster, a, b) for a, b in zip(slots, slots[1:])))
+    pairs = itertools.pairwise(slots)
+    links = tuple((lk.bandwidth, lk.latency) for lk in (_slowest_link(cluster, a, b) for a, b in pairs))
     return kinds, links
 
 
@@ -115,12 +117,14 @@ class _Search:
         self.sizes = tuple(sorted(set(sizes)))
 
     def partition_for(self, slots: tuple[Slot, ...], m: int, n_micro: int) -> Partition | None:
+        """The best cuts for one pipeline running ``n_micro`` micro-batches of ``m`` (cached)."""
         held = n_micro if self.opts.schedule == "gpipe" else _NO_LIMIT
-        key = (_signature(self.cluster, slots), m, held)
+        key = (_signature(self.cluster, slots), m, held, n_micro)
         if key not in self.cache:
-            links = [_slowest_link(self.cluster, a, b) for a, b in zip(slots, slots[1:])]
+            links = [_slowest_link(self.cluster, a, b) for a, b in itertools.pairwise(slots)]
             self.cache[key] = partition(
-                self.tables, list(slots), m=m, n_micro=held, schedule=self.opts.schedule, links=links
+                self.tables, list(slots), m=m, n_micro=held, schedule=self.opts.schedule, links=links,
+                objective_micro=n_micro,
             )
         return self.cache[key]
 
@@ -146,6 +150,14 @@ class _Search:
             if any(p is None for p in parts):
                 continue
             shares = allocate_batch(batch, [_pipeline_time(p, m) for p in parts])
+            # re-cut each pipeline for the number of micro-batches it really got, then re-share
+            exact = [
+                self.partition_for(slots, m, math.ceil(b / m))
+                for slots, b in zip(structure.pipelines, shares, strict=True)
+            ]
+            if all(p is not None for p in exact):
+                parts = exact
+                shares = allocate_batch(batch, [_pipeline_time(p, m) for p in parts])
             estimate = max(_pipeline_time(p, m)(b) for p, b in zip(parts, shares, strict=True))
             estimate += self.exposed_sync(structure, parts)
             if best is None or estimate < best.estimate:
@@ -278,7 +290,13 @@ def plan_training(
         if progress:
             progress(i + 1, len(structures))
     candidates.sort(key=lambda c: c.estimate)  # stable: ties keep enumeration order
-    top_k = opts.top_k or (8 if len(cluster.devices) <= 16 else 3)
+    # exhaustive structures are few enough to simulate every one; otherwise the estimate prunes
+    if opts.top_k:
+        top_k = opts.top_k
+    elif len(cluster.devices) <= EXHAUSTIVE_DEVICES:
+        top_k = len(candidates)
+    else:
+        top_k = 8 if len(cluster.devices) <= 16 else 3
     scored: list[Candidate] = []
     seen: set[str] = set()
     for c in candidates:
