@@ -17,7 +17,8 @@ from rich.console import Console
 from planner import __version__
 from planner.errors import HetplanError
 
-console = Console()
+# Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 140)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
@@ -150,7 +151,14 @@ def import_() -> None:
     """
 
 
-def _save_import(result: Any, output: str) -> None:
+def _save_import(result: Any, output: str, estimate_for: str | None = None) -> None:
+    if estimate_for:
+        from planner.contracts.catalog import load_catalog
+        from planner.profile.carry import carry_times
+
+        catalog = load_catalog()
+        targets = [catalog.get(n, field="--estimate-for") for n in _csv(estimate_for, param="--estimate-for")]
+        result = carry_times(result, result.device_types()[0], targets, catalog=catalog)
     result.save(output)
     console.print(f"wrote {output}: {len(result.blocks)} blocks, device types {', '.join(result.device_types())}")
 
@@ -159,13 +167,15 @@ def _save_import(result: Any, output: str) -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--device-type", default="V100-16GB", show_default=True, help="GPU the graph was profiled on.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Profiled batch (inferred if omitted).")
+@click.option("--estimate-for", default=None, help="Also estimate times for these types (roofline ratio).")
 @click.option(
     "--drop-input-time",
     is_flag=True,
     help="Zero the data-loading time PipeDream books on the Input node (its own optimizer does).",
 )
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
-def pipedream(file: str, device_type: str, batch_size: int | None, drop_input_time: bool, output: str) -> None:
+def pipedream(file: str, device_type: str, batch_size: int | None, estimate_for: str | None, drop_input_time: bool,
+              output: str) -> None:
     """Import a PipeDream graph.txt.
 
     \b
@@ -175,7 +185,9 @@ def pipedream(file: str, device_type: str, batch_size: int | None, drop_input_ti
     from planner.profile.importers import import_pipedream
 
     _save_import(
-        import_pipedream(file, device_type=device_type, batch_size=batch_size, drop_input_time=drop_input_time), output
+        import_pipedream(file, device_type=device_type, batch_size=batch_size, drop_input_time=drop_input_time),
+        output,
+        estimate_for,
     )
 
 
@@ -215,8 +227,9 @@ def sailor(
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--device-type", default="A100-80GB", show_default=True, help="GPU the profile was measured on.")
 @click.option("--variant", default="vanilla", show_default=True, help="Piper TMPC variant id.")
+@click.option("--estimate-for", default=None, help="Also estimate times for these types (roofline ratio).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
-def piper(file: str, device_type: str, variant: str, output: str) -> None:
+def piper(file: str, device_type: str, variant: str, estimate_for: str | None, output: str) -> None:
     """Import a Piper JSON profile.
 
     \b
@@ -225,7 +238,7 @@ def piper(file: str, device_type: str, variant: str, output: str) -> None:
     """
     from planner.profile.importers import import_piper
 
-    _save_import(import_piper(file, device_type=device_type, variant=variant), output)
+    _save_import(import_piper(file, device_type=device_type, variant=variant), output, estimate_for)
 
 
 # --------------------------------------------------------------------------- validate / show
@@ -410,7 +423,7 @@ def compare(plan_file: str, as_json: bool) -> None:
     default=None,
     help="Use this cluster instead of the one the plan names.",
 )
-@click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Draw the iteration to FILE.svg.")
+@click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Draw the iteration to FILE.svg or FILE.png.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(
     plan_file: str, profile_file: str | None, cluster_file: str | None, timeline: str | None, as_json: bool

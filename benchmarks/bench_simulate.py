@@ -1,6 +1,6 @@
 """How fast the simulator times one iteration, and how that grows with devices and micro-batches.
 
-    .venv/bin/python benchmarks/bench_simulate.py                  # the full table (a few minutes)
+    .venv/bin/python benchmarks/bench_simulate.py                  # the full table (about a minute)
     .venv/bin/python benchmarks/bench_simulate.py --quick          # 512 devices x 64 micro-batches only
     .venv/bin/python benchmarks/bench_simulate.py --profile        # cProfile of the largest case
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from builders import linear_plan, make_cluster, make_profile
 from hypothesis import given, settings
@@ -242,7 +244,7 @@ def test_actions_respect_dependencies_and_never_overlap_on_a_device(times, m, sc
             by_device.setdefault(row, []).append((lo, hi))
     for intervals in by_device.values():
         intervals.sort()
-        for (_, end), (start, _) in zip(intervals, intervals[1:]):
+        for (_, end), (start, _) in itertools.pairwise(intervals):
             assert start >= end - 1e-12
     # every task starts no earlier than each predecessor ends (or its offset)
     from planner.simulate import simulator as sim_module
