@@ -174,8 +174,9 @@ def _save_import(result: Any, output: str, estimate_for: str | None = None) -> N
     help="Zero the data-loading time PipeDream books on the Input node (its own optimizer does).",
 )
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
-def pipedream(file: str, device_type: str, batch_size: int | None, estimate_for: str | None, drop_input_time: bool,
-              output: str) -> None:
+def pipedream(
+    file: str, device_type: str, batch_size: int | None, estimate_for: str | None, drop_input_time: bool, output: str
+) -> None:
     """Import a PipeDream graph.txt.
 
     \b
@@ -423,7 +424,9 @@ def compare(plan_file: str, as_json: bool) -> None:
     default=None,
     help="Use this cluster instead of the one the plan names.",
 )
-@click.option("--timeline", type=click.Path(dir_okay=False), default=None, help="Draw the iteration to FILE.svg or FILE.png.")
+@click.option(
+    "--timeline", type=click.Path(dir_okay=False), default=None, help="Draw the iteration to FILE.svg or FILE.png."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(
     plan_file: str, profile_file: str | None, cluster_file: str | None, timeline: str | None, as_json: bool

@@ -30,7 +30,9 @@ def test_homogeneous_iteration_and_bubble(schedule: str, p: int, m: int) -> None
     assert result.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
 
 
-@pytest.mark.parametrize(("schedule", "expected"), [("1f1b", lambda s, p, m: min(p - s, m)), ("gpipe", lambda s, p, m: m)])
+@pytest.mark.parametrize(
+    ("schedule", "expected"), [("1f1b", lambda s, p, m: min(p - s, m)), ("gpipe", lambda s, p, m: m)]
+)
 def test_peak_activations_follow_the_schedule(schedule: str, expected) -> None:
     p, m = 4, 6
     profile = make_profile(p, times={A100: (1.0, 2.0)}, activation_bytes=1000.0)
@@ -54,10 +56,14 @@ def test_allreduce_overlaps_the_last_backward_and_precedes_the_step() -> None:
     # two pipelines of one stage each (pure data parallel): the all-reduce of the whole model
     profile = make_profile(2, times={A100: (1.0, 1.0)}, params=125_000_000)  # 2 blocks: 1 GB of fp32 gradients
     cluster = make_cluster([("n0", [(A100, 1)]), ("n1", [(A100, 1)])], inter="10GB/s")
-    plan = Plan(global_batch=2, pipelines=[
-        Pipeline(1, (1,), (Stage(0, 2, ("n0/0",), (1.0,)),)),
-        Pipeline(1, (1,), (Stage(0, 2, ("n1/0",), (1.0,)),)),
-    ], optimizer="sgd")
+    plan = Plan(
+        global_batch=2,
+        pipelines=[
+            Pipeline(1, (1,), (Stage(0, 2, ("n0/0",), (1.0,)),)),
+            Pipeline(1, (1,), (Stage(0, 2, ("n1/0",), (1.0,)),)),
+        ],
+        optimizer="sgd",
+    )
     result = simulate(plan, profile, cluster, timeline=True)
     ring = 2 * (2 - 1) / 2 * 1e9 / 10e9
     step = 250_000_000 * 12 / 2039e9  # SGD traffic over A100 memory bandwidth
@@ -71,10 +77,14 @@ def test_allreduce_starts_when_its_group_is_done_not_at_the_end_of_the_backward(
     # half-way through the last backward of the 2-block stages.
     profile = make_profile(4, times={A100: (1.0, 1.0)}, params=1000)
     cluster = make_cluster([("n0", [(A100, 2)]), ("n1", [(A100, 2)])])
-    plan = Plan(global_batch=2, pipelines=[
-        Pipeline(1, (1,), (Stage(0, 2, ("n0/0",), (1.0,)), Stage(2, 4, ("n0/1",), (1.0,)))),
-        Pipeline(1, (1,), (Stage(0, 1, ("n1/0",), (1.0,)), Stage(1, 4, ("n1/1",), (1.0,)))),
-    ], optimizer="sgd")
+    plan = Plan(
+        global_batch=2,
+        pipelines=[
+            Pipeline(1, (1,), (Stage(0, 2, ("n0/0",), (1.0,)), Stage(2, 4, ("n0/1",), (1.0,)))),
+            Pipeline(1, (1,), (Stage(0, 1, ("n1/0",), (1.0,)), Stage(1, 4, ("n1/1",), (1.0,)))),
+        ],
+        optimizer="sgd",
+    )
     compiled = compile_plan(plan, 4)
     assert [g.blocks for g in compiled.groups] == [(2, 3), (1,), (0,)]
     result = simulate(plan, profile, cluster, timeline=True)
@@ -88,10 +98,19 @@ def test_allreduce_starts_when_its_group_is_done_not_at_the_end_of_the_backward(
 def test_replicated_stage_splits_each_micro_batch_by_share() -> None:
     profile = make_profile(4, times={A100: (1.0, 2.0), V100: (2.0, 4.0)})
     cluster = make_cluster([("n0", [(A100, 1), (V100, 2)])])
-    plan = Plan(global_batch=6, pipelines=[Pipeline(6, (3, 3), (
-        Stage(0, 2, ("n0/0",), (1.0,)),
-        Stage(2, 4, ("n0/1", "n0/2"), (0.5, 0.5)),
-    ))])
+    plan = Plan(
+        global_batch=6,
+        pipelines=[
+            Pipeline(
+                6,
+                (3, 3),
+                (
+                    Stage(0, 2, ("n0/0",), (1.0,)),
+                    Stage(2, 4, ("n0/1", "n0/2"), (0.5, 0.5)),
+                ),
+            )
+        ],
+    )
     compiled = compile_plan(plan, 4)
     assert compiled.programs["n0/1"].counts == (2, 2)  # 3 samples split 2 + 1 (ties to the lower index)
     assert compiled.programs["n0/2"].counts == (1, 1)
@@ -113,11 +132,17 @@ def test_unequal_micro_batches_shorten_the_fill() -> None:
 def test_pipelines_cut_differently_share_gradient_groups() -> None:
     profile = make_profile(6, times={A100: (1.0, 2.0), V100: (2.0, 4.0)}, params=10)
     cluster = make_cluster([("n0", [(A100, 2)]), ("n1", [(V100, 3)])])
-    plan = Plan(global_batch=8, pipelines=[
-        Pipeline(5, (1, 2, 2), (Stage(0, 3, ("n0/0",), (1.0,)), Stage(3, 6, ("n0/1",), (1.0,)))),
-        Pipeline(3, (1, 1, 1), (Stage(0, 2, ("n1/0",), (1.0,)), Stage(2, 4, ("n1/1",), (1.0,)),
-                                Stage(4, 6, ("n1/2",), (1.0,)))),
-    ])
+    plan = Plan(
+        global_batch=8,
+        pipelines=[
+            Pipeline(5, (1, 2, 2), (Stage(0, 3, ("n0/0",), (1.0,)), Stage(3, 6, ("n0/1",), (1.0,)))),
+            Pipeline(
+                3,
+                (1, 1, 1),
+                (Stage(0, 2, ("n1/0",), (1.0,)), Stage(2, 4, ("n1/1",), (1.0,)), Stage(4, 6, ("n1/2",), (1.0,))),
+            ),
+        ],
+    )
     compiled = compile_plan(plan, 6)
     holders = {g.blocks: set(g.devices) for g in compiled.groups}
     assert holders[(3,)] == {"n0/1", "n1/1"}
@@ -130,13 +155,19 @@ def test_two_pipelines_sharing_an_inter_node_link_contend() -> None:
     """Two pipelines send across the same pair of nodes: each gets half of the network link."""
     profile = make_profile(2, times={A100: (0.001, 0.001)}, output_bytes=1e9)
     cluster = make_cluster([("n0", [(A100, 2)]), ("n1", [(A100, 2)])], inter="10GB/s")
-    one = Plan(global_batch=1, pipelines=[
-        Pipeline(1, (1,), (Stage(0, 1, ("n0/0",), (1.0,)), Stage(1, 2, ("n1/0",), (1.0,)))),
-    ])
-    two = Plan(global_batch=2, pipelines=[
-        Pipeline(1, (1,), (Stage(0, 1, ("n0/0",), (1.0,)), Stage(1, 2, ("n1/0",), (1.0,)))),
-        Pipeline(1, (1,), (Stage(0, 1, ("n0/1",), (1.0,)), Stage(1, 2, ("n1/1",), (1.0,)))),
-    ])
+    one = Plan(
+        global_batch=1,
+        pipelines=[
+            Pipeline(1, (1,), (Stage(0, 1, ("n0/0",), (1.0,)), Stage(1, 2, ("n1/0",), (1.0,)))),
+        ],
+    )
+    two = Plan(
+        global_batch=2,
+        pipelines=[
+            Pipeline(1, (1,), (Stage(0, 1, ("n0/0",), (1.0,)), Stage(1, 2, ("n1/0",), (1.0,)))),
+            Pipeline(1, (1,), (Stage(0, 1, ("n0/1",), (1.0,)), Stage(1, 2, ("n1/1",), (1.0,)))),
+        ],
+    )
     alone = simulate(one, profile, cluster)
     shared = simulate(two, profile, cluster)
     assert alone.iteration_s == pytest.approx(0.004 + 2 * 0.1)
@@ -189,8 +220,13 @@ def _two_type_setup(times: list[tuple[float, float]], speedup: float, latency: f
 
 
 @settings(max_examples=40, deadline=None)
-@given(times=stage_times, m=st.integers(1, 6), schedule=st.sampled_from(["1f1b", "gpipe"]),
-       mask=st.lists(st.booleans(), min_size=5, max_size=5), speedup=st.floats(1.0, 4.0))
+@given(
+    times=stage_times,
+    m=st.integers(1, 6),
+    schedule=st.sampled_from(["1f1b", "gpipe"]),
+    mask=st.lists(st.booleans(), min_size=5, max_size=5),
+    speedup=st.floats(1.0, 4.0),
+)
 def test_a_faster_device_never_slows_the_iteration(times, m, schedule, mask, speedup) -> None:
     n = len(times)
     profile, cluster = _two_type_setup(times, speedup, 0.0, 0.0)
@@ -202,8 +238,7 @@ def test_a_faster_device_never_slows_the_iteration(times, m, schedule, mask, spe
 
 
 @settings(max_examples=40, deadline=None)
-@given(times=stage_times, m=st.integers(1, 6), schedule=st.sampled_from(["1f1b", "gpipe"]),
-       factor=st.floats(1.0, 10.0))
+@given(times=stage_times, m=st.integers(1, 6), schedule=st.sampled_from(["1f1b", "gpipe"]), factor=st.floats(1.0, 10.0))
 def test_a_faster_link_never_slows_the_iteration(times, m, schedule, factor) -> None:
     n = len(times)
     profile = make_profile(n, per_block={A100: times}, output_bytes=1e8)
@@ -222,16 +257,21 @@ def test_more_micro_batches_of_the_same_total_never_raise_the_bubble(times, m, k
     cluster = make_cluster([("n0", [(A100, n)])])
     devices = [f"n0/{i}" for i in range(n)]
     total = 12
-    coarse = simulate(linear_plan(devices, n, [total // m] * m if total % m == 0 else [total], schedule=schedule),
-                      profile, cluster)
+    coarse = simulate(
+        linear_plan(devices, n, [total // m] * m if total % m == 0 else [total], schedule=schedule), profile, cluster
+    )
     mm = m * k if total % (m * k) == 0 else total
     fine = simulate(linear_plan(devices, n, [total // mm] * mm, schedule=schedule), profile, cluster)
     assert fine.bubble_fraction <= coarse.bubble_fraction + 1e-9
 
 
 @settings(max_examples=30, deadline=None)
-@given(times=stage_times, m=st.integers(1, 5), schedule=st.sampled_from(["1f1b", "gpipe"]),
-       mask=st.lists(st.booleans(), min_size=5, max_size=5))
+@given(
+    times=stage_times,
+    m=st.integers(1, 5),
+    schedule=st.sampled_from(["1f1b", "gpipe"]),
+    mask=st.lists(st.booleans(), min_size=5, max_size=5),
+)
 def test_actions_respect_dependencies_and_never_overlap_on_a_device(times, m, schedule, mask) -> None:
     n = len(times)
     profile, cluster = _two_type_setup(times, 2.0, 1e-4, 1e6)

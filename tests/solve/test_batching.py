@@ -12,8 +12,12 @@ from planner.solve.batching import allocate_batch, micro_batch_list, startup_spl
 
 
 @settings(max_examples=150, deadline=None)
-@given(rates=st.lists(st.floats(0.1, 5.0), min_size=1, max_size=4), fills=st.lists(st.floats(0.0, 3.0), min_size=4,
-       max_size=4), m=st.integers(1, 4), extra=st.integers(0, 10))
+@given(
+    rates=st.lists(st.floats(0.1, 5.0), min_size=1, max_size=4),
+    fills=st.lists(st.floats(0.0, 3.0), min_size=4, max_size=4),
+    m=st.integers(1, 4),
+    extra=st.integers(0, 10),
+)
 def test_water_filling_minimises_the_slowest_pipeline(rates, fills, m, extra) -> None:
     count = len(rates)
     batch = count + extra

@@ -36,8 +36,9 @@ def instances(draw):
 
 
 def _build(nodes, n_blocks, per_block, output_bytes, params, inter):
-    profile = make_profile(n_blocks, per_block={t: v[:n_blocks] for t, v in per_block.items()},
-                           output_bytes=output_bytes, params=params)
+    profile = make_profile(
+        n_blocks, per_block={t: v[:n_blocks] for t, v in per_block.items()}, output_bytes=output_bytes, params=params
+    )
     merged = [(name, _merge(devices)) for name, devices in sorted(nodes.items())]
     cluster = make_cluster(merged, intra="50GB/s", inter=inter, inter_latency="10us")
     return profile, cluster
@@ -50,8 +51,12 @@ def _merge(devices: list[tuple[str, int]]) -> list[tuple[str, int]]:
     return list(counts.items())
 
 
-@settings(max_examples=200, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(instance=instances())
 def test_planner_is_within_one_percent_of_exhaustive_search(instance) -> None:
     nodes, n_blocks, per_block, output_bytes, params, batch, inter = instance

@@ -21,8 +21,10 @@ def _brute(tables: CostTables, slots, links, m: int, micro: int):
     for inner in itertools.combinations(range(1, n), len(slots) - 1):
         cuts = (0, *inner, n)
         stage = [tables.stage_time(s.devices[0].type.name, m, cuts[i], cuts[i + 1]) for i, s in enumerate(slots)]
-        comm = [links[i].latency + tables.output_bytes[cuts[i + 1] - 1] * m / links[i].bandwidth
-                for i in range(len(slots) - 1)]
+        comm = [
+            links[i].latency + tables.output_bytes[cuts[i + 1] - 1] * m / links[i].bandwidth
+            for i in range(len(slots) - 1)
+        ]
         objective = (micro - 1) * max(stage + comm) + sum(stage) + sum(comm)
         if best is None or objective < best - 1e-12:
             best = objective
@@ -60,8 +62,15 @@ def test_memory_constraint_moves_blocks_off_a_small_device() -> None:
     cluster = make_cluster([("n0", [(T4, 1), (A100, 1)])])
     tables = CostTables(profile, cluster, optimizer="adam")
     t4, a100 = cluster.devices
-    result = partition(tables, [Slot.of([t4]), Slot.of([a100])], m=1, n_micro=10**9, schedule="1f1b",
-                       links=[cluster.link(t4, a100)], objective_micro=8)
+    result = partition(
+        tables,
+        [Slot.of([t4]), Slot.of([a100])],
+        m=1,
+        n_micro=10**9,
+        schedule="1f1b",
+        links=[cluster.link(t4, a100)],
+        objective_micro=8,
+    )
     assert result is not None and result.cuts == (0, 1, 4)  # the fast T4 would take all but cannot
 
 

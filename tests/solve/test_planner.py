@@ -16,8 +16,13 @@ A100, V100, T4 = "A100-80GB", "V100-16GB", "T4"
 
 
 def _mixed():
-    profile = make_profile(12, per_block={A100: [(1.0, 2.0)] * 12, V100: [(2.0, 4.0)] * 12, T4: [(6.0, 12.0)] * 12},
-                           params=1_000_000, output_bytes=1e6, activation_bytes=1e6)
+    profile = make_profile(
+        12,
+        per_block={A100: [(1.0, 2.0)] * 12, V100: [(2.0, 4.0)] * 12, T4: [(6.0, 12.0)] * 12},
+        params=1_000_000,
+        output_bytes=1e6,
+        activation_bytes=1e6,
+    )
     cluster = make_cluster([("n0", [(A100, 2)]), ("n1", [(V100, 2), (T4, 1)])], inter="10GB/s")
     return profile, cluster
 
@@ -58,8 +63,23 @@ def test_the_chosen_plan_is_scored_by_the_simulator() -> None:
 def test_cli_plan_show_compare_simulate(tmp_path, capsys) -> None:
     profile = tmp_path / "gpt.yaml"
     for args in (
-        ["profile", "gpt", "--layers", "4", "--hidden", "512", "--heads", "8", "--seq", "128", "--analytic",
-         "--devices", "A100-80GB,V100-16GB,T4", "-o", str(profile)],
+        [
+            "profile",
+            "gpt",
+            "--layers",
+            "4",
+            "--hidden",
+            "512",
+            "--heads",
+            "8",
+            "--seq",
+            "128",
+            "--analytic",
+            "--devices",
+            "A100-80GB,V100-16GB,T4",
+            "-o",
+            str(profile),
+        ],
         ["plan", str(profile), "profiles/clusters/mixed-small.yaml", "--batch", "32", "-o", str(tmp_path / "p.yaml")],
         ["plan", str(profile), "profiles/clusters/mixed-small.yaml", "--batch", "32", "-o", str(tmp_path / "q.yaml")],
         ["show", str(tmp_path / "p.yaml")],
@@ -80,12 +100,31 @@ def test_cli_plan_show_compare_simulate(tmp_path, capsys) -> None:
 def test_cli_infeasible_batch_is_one_line(tmp_path, capsys) -> None:
     profile = tmp_path / "big.yaml"
     with pytest.raises(SystemExit):
-        main(["profile", "gpt", "--layers", "48", "--hidden", "8192", "--heads", "64", "--seq", "2048", "--analytic",
-              "--devices", "T4", "-o", str(profile)])
+        main(
+            [
+                "profile",
+                "gpt",
+                "--layers",
+                "48",
+                "--hidden",
+                "8192",
+                "--heads",
+                "64",
+                "--seq",
+                "2048",
+                "--analytic",
+                "--devices",
+                "T4",
+                "-o",
+                str(profile),
+            ]
+        )
     capsys.readouterr()
     cluster = tmp_path / "c.yaml"
-    cluster.write_text("schema: hetplan/cluster/v1\nname: t4s\nnodes:\n  - name: n0\n    devices: [{type: T4, count: 2}]\n"
-                       "    link: {bandwidth: 16GB/s}\nnetwork: {bandwidth: 10Gbps}\n")
+    cluster.write_text(
+        "schema: hetplan/cluster/v1\nname: t4s\nnodes:\n  - name: n0\n    devices: [{type: T4, count: 2}]\n"
+        "    link: {bandwidth: 16GB/s}\nnetwork: {bandwidth: 10Gbps}\n"
+    )
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", str(profile), str(cluster), "--batch", "8", "-o", str(tmp_path / "p.yaml")])
     assert exit_info.value.code == 2
