@@ -22,6 +22,12 @@ console = Console(width=None if sys.stdout.isatty() else 140)
 err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
+def _print_all(items: list[Any]) -> None:
+    from planner.views import print_all
+
+    print_all(console, items)
+
+
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
@@ -73,7 +79,7 @@ def devices(catalog: str | None, as_json: bool) -> None:
     if as_json:
         _print_json(summary("catalog", loaded))
     else:
-        console.print(*renderables("catalog", loaded))
+        _print_all(renderables("catalog", loaded))
 
 
 # --------------------------------------------------------------------------- profile
@@ -294,9 +300,9 @@ def show(file: str, as_json: bool) -> None:
 
         loaded_profile, loaded_cluster = load_plan_inputs(obj)
         check_plan(obj, loaded_cluster, loaded_profile)
-        console.print(*plan_summary_renderables(obj, loaded_cluster))
+        _print_all(plan_summary_renderables(obj, loaded_cluster))
     else:
-        console.print(*renderables(kind, obj))
+        _print_all(renderables(kind, obj))
 
 
 # --------------------------------------------------------------------------- plan / compare
@@ -380,7 +386,7 @@ def plan(
         dtype=loaded_profile.dtype,
     )
     final.save(output)
-    console.print(*plan_summary_renderables(final, loaded_cluster))
+    _print_all(plan_summary_renderables(final, loaded_cluster))
     console.print(f"wrote {output}")
 
 
@@ -441,6 +447,7 @@ def simulate(
     from planner.simulate import check_memory
     from planner.simulate import simulate as run_simulation
     from planner.simulate.timeline import write_timeline
+    from planner.views import plan_is_emulated
     from planner.views.simulation import simulation_renderables
 
     plan = load_plan(plan_file)
@@ -452,7 +459,7 @@ def simulate(
     if as_json:
         _print_json(result.to_json())
         return
-    console.print(*simulation_renderables(result, emulated=loaded_cluster.emulated))
+    _print_all(simulation_renderables(result, emulated=plan_is_emulated(plan, loaded_cluster)))
     if timeline:
         console.print(f"timeline written to {timeline}")
 

@@ -20,6 +20,7 @@ from planner.profile.analytic import analytic_profile
 from planner.simulate import simulate
 from planner.simulate.timeline import write_timeline
 from planner.solve import PlanOptions, finalize_plan, plan_training
+from planner.views import plan_is_emulated, print_all
 from planner.views.contracts import renderables
 from planner.views.plan import plan_summary_renderables
 from planner.views.simulation import simulation_renderables
@@ -49,7 +50,7 @@ def run_demo(out: Path, *, console: Console) -> None:
     console.print(f"ok  {profile_path}: {len(profile.blocks)} blocks, times for {', '.join(profile.device_types())}")
     console.print(f"ok  {cluster_path}: {len(cluster.devices)} devices on {len(cluster.nodes)} nodes")
 
-    console.print(*renderables("cluster", cluster))
+    print_all(console, renderables("cluster", cluster))
 
     console.print(Rule(f"3. plan (global batch {DEMO_BATCH}, 1F1B, Adam)"))
     result = plan_training(profile, cluster, PlanOptions(global_batch=DEMO_BATCH))
@@ -57,7 +58,7 @@ def run_demo(out: Path, *, console: Console) -> None:
     plan = finalize_plan(result, profile_path=profile_path, cluster_path=cluster_path, output=plan_path,
                          cluster=cluster, dtype=profile.dtype)
     plan.save(plan_path)
-    console.print(*plan_summary_renderables(plan, cluster))
+    print_all(console, plan_summary_renderables(plan, cluster))
     console.print(f"wrote {plan_path}")
 
     console.print(Rule("4. simulate the plan, with a timeline"))
@@ -66,6 +67,6 @@ def run_demo(out: Path, *, console: Console) -> None:
     sim = simulate(reloaded, sim_profile, sim_cluster, timeline=True)
     timeline_path = out / "timeline.svg"
     write_timeline(sim, timeline_path, title=f"demo plan on {cluster.name}")
-    console.print(*simulation_renderables(sim, emulated=cluster.emulated))
+    print_all(console, simulation_renderables(sim, emulated=plan_is_emulated(reloaded, cluster)))
     console.print(f"wrote {timeline_path}")
     console.print(Rule("not built yet: emit, launch and report (the runtime)"))

@@ -64,7 +64,7 @@ def cluster_table(cluster: Cluster) -> list[Any]:
     table.add_column("NIC", justify="right")
     for node in cluster.nodes:
         counts = Counter(d.type.label() for d in node.devices)
-        memories = sorted({format_bytes(d.type.memory) for d in node.devices})
+        memories = [format_bytes(m) for m in sorted({d.type.memory for d in node.devices})]
         table.add_row(
             node.name,
             ", ".join(f"{n} x {t}" for t, n in counts.items()),
@@ -112,15 +112,15 @@ def profile_table(profile: ModelProfile) -> list[Any]:
         table.add_column(col)
     for col in ("params", "act/sample", "out/sample", "GFLOP fwd"):
         table.add_column(col, justify="right")
-    sizes: dict[str, int] = {}
     for dev in devices:
-        sizes[dev] = min(profile.blocks[0].times[dev])
-        table.add_column(f"{dev} f+b @{sizes[dev]}", justify="right")
+        table.add_column(f"{dev} f+b @1", justify="right")
     for i, b in enumerate(profile.blocks):
         times = []
         for dev in devices:
-            t = b.times[dev][sizes[dev]]
-            times.append(format_time(t.fwd + t.bwd))
+            # micro-batch 1 through the profile's own interpolation: blocks may list different sizes
+            key = min(b.times[dev])
+            t = b.times[dev][key]
+            times.append(format_time((t.fwd + t.bwd) / key))
         table.add_row(
             str(i),
             b.name,

@@ -49,7 +49,7 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster) -> list[Any]:
                 Text("\n").join(rooms) if rooms else "",
             )
     out: list[Any] = [table]
-    if cluster.emulated:
+    if any(cluster.device(a).type.emulated for a in plan.all_devices()):
         out.append(Text("device speeds are EMULATED on this machine (slowdown factors)", style="bold yellow"))
     if predicted:
         line = Text()
