@@ -464,6 +464,111 @@ def simulate(
         console.print(f"timeline written to {timeline}")
 
 
+# --------------------------------------------------------------------------- emit / launch / report
+def _plan_and_inputs(plan_file: str):
+    from planner.contracts.plan import check_plan, load_plan, load_plan_inputs
+
+    loaded = load_plan(plan_file)
+    loaded_profile, loaded_cluster = load_plan_inputs(loaded)
+    check_plan(loaded, loaded_cluster, loaded_profile)
+    return loaded, loaded_profile, loaded_cluster
+
+
+@cli.command()
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder to write.")
+@click.option("--master", default="node0:29500", show_default=True, help="HOST:PORT of the rendezvous (first node).")
+@click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1))
+@click.option("--backend", default="nccl", show_default=True, type=click.Choice(["nccl", "gloo"]))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Learning rate.")
+def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str, seed: int, lr: float | None) -> None:
+    """Write launch files: the rank config, a torchrun script per node, a SLURM batch script.
+
+    \b
+    Example:
+      hetplan emit plan.yaml -o launch/ --master node0.example.org:29500
+      # then on each node: bash launch/node-<name>.sh
+    """
+    from planner.emit import emit_launch
+
+    loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
+    for path in emit_launch(loaded, loaded_profile, loaded_cluster, output_dir, master=master, steps=steps,
+                            seed=seed, lr=lr, backend=backend):
+        console.print(f"wrote {path}")
+
+
+@cli.command()
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--steps", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
+@click.option("--lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Learning rate.")
+@click.option("--log", "log_file", default=None, type=click.Path(dir_okay=False), help="Run log (JSON lines).")
+@click.option("--emulate", is_flag=True, help="Run each rank as its planned device type by its slowdown factor.")
+@click.option("--save", default=None, type=click.Path(file_okay=False), help="Save a checkpoint (per block) here.")
+@click.option("--resume", default=None, type=click.Path(file_okay=False), help="Resume from a checkpoint folder.")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1), help="Torch threads per rank.")
+def launch(plan_file: str, steps: int, seed: int, lr: float | None, log_file: str | None, emulate: bool,
+           save: str | None, resume: str | None, threads: int) -> None:
+    """Train a plan here: spawn every rank on this machine (gloo), show progress, summarise.
+
+    \b
+    Example:
+      hetplan launch plan.yaml --steps 20 --emulate --log run.jsonl
+    """
+    import tempfile
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from planner.contracts.yamlio import write_yaml
+    from planner.emit import build_rank_config
+    from planner.runtime.launcher import launch_local
+
+    loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
+    config = build_rank_config(loaded, loaded_profile, loaded_cluster, seed=seed, lr=lr, backend="gloo")
+    folder = Path(tempfile.mkdtemp(prefix="hetplan-launch-"))
+    write_yaml(config, folder / "rank-config.yaml")
+    label = " (EMULATED device speeds)" if emulate else ""
+    with Progress(TextColumn(f"training {len(config['devices'])} ranks{label}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("steps", total=steps)
+        result = launch_local(folder / "rank-config.yaml", steps=steps, log=log_file, emulate=emulate, save=save,
+                              resume=resume, threads=threads,
+                              progress=lambda done, total: bar.update(task, completed=done))
+    losses = [r["loss"] for r in result.records if r["rank"] == 0]
+    iters = sorted(max(r["iteration_s"] for r in result.records if r["step"] == s)
+                   for s in {r["step"] for r in result.records})
+    median = iters[len(iters) // 2] if iters else float("nan")
+    console.print(f"trained {len(losses)} steps on {len(config['devices'])} ranks{label}: loss {losses[0]:.4f} -> "
+                  f"{losses[-1]:.4f}; median iteration {median * 1e3:.1f} ms "
+                  f"({loaded.global_batch / median:.1f} samples/s); predicted "
+                  f"{loaded.predicted.get('iteration_s', float('nan')) * 1e3:.1f} ms")
+    if log_file:
+        console.print(f"run log: {log_file}")
+
+
+@cli.command()
+@click.argument("log_file", metavar="RUN_LOG", type=click.Path(dir_okay=False))
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def report(log_file: str, plan_file: str, as_json: bool) -> None:
+    """Put what a run measured beside what the plan predicted, per stage and in total.
+
+    \b
+    Example:
+      hetplan report run.jsonl plan.yaml
+    """
+    from planner.contracts.plan import load_plan
+    from planner.contracts.runlog import load_run_log
+    from planner.views.report import report_renderables, report_rows
+
+    rows = report_rows(load_run_log(log_file), load_plan(plan_file))
+    if as_json:
+        _print_json(rows)
+    else:
+        _print_all(report_renderables(rows))
+
+
 # --------------------------------------------------------------------------- demo
 @cli.command()
 @click.option("-o", "--output-dir", default="hetplan-demo", show_default=True, type=click.Path(file_okay=False))

@@ -1,0 +1,164 @@
+"""What every zoo model promises the profiler and the runtime: blocks, a synthetic task, a loss.
+
+    zoo = resolve_model({"family": "mlp", "config": {"layers": 3, "width": 64}})
+    blocks = zoo.build_blocks(0, zoo.n_blocks, seed=0)     # == [zoo.build_block(i, 0) for i in ...]
+    x, y = zoo.sample_batch(8, seed=0, step=0)             # x[:4] == zoo.sample_batch(4, ...)[0]
+    loss = zoo.loss(run(blocks, x), y)                     # a SUM over the samples
+
+Determinism is the point of this module. A block is built with torch's global RNG forked and seeded
+from ``(seed, index)`` alone (:func:`derive_seed`), so a rank that builds only blocks 9..17 gets the
+very parameters a single process building all of them gets. A batch is made sample by sample, each
+from a generator seeded from ``(seed, step, i)``, so sample ``i`` does not depend on the batch size
+and a data-parallel rank can make just its slice. Every seed goes through SHA-256, so nearby seeds
+give unrelated streams and the numbers are the same on every machine and every torch version that
+keeps its CPU generator (the generators run on the CPU; tensors are moved afterwards).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from planner.errors import HetplanError
+
+__all__ = ["FEATURES", "ClassificationTask", "ZooModel", "derive_seed", "sample_generator"]
+
+#: The classification teacher looks at this many averaged input features (a fixed linear map).
+FEATURES = 256
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from any parts (ints, strings): SHA-256 of their text, stable everywhere."""
+    text = ":".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def sample_generator(seed: int, step: int, index: int, stream: str = "sample") -> torch.Generator:
+    """A CPU generator for sample ``index`` of step ``step`` (independent of the batch size)."""
+    return torch.Generator().manual_seed(derive_seed(stream, seed, step, index))
+
+
+class ZooModel(ABC):
+    """A model as an ordered list of blocks, each built alone and deterministically.
+
+    Attributes:
+        model: the normalised ``model`` section of a profile (full config, defaults included).
+        n_blocks: how many blocks.
+
+    Subclasses implement :meth:`block_names`, :meth:`block_kinds`, :meth:`_new_block`,
+    :meth:`sample_batch`, :meth:`loss`, :meth:`input_dtype` and :meth:`sample_shape`.
+    """
+
+    model: dict[str, Any]
+    n_blocks: int
+
+    def __init__(self, model: dict[str, Any]) -> None:
+        self.model = model
+        self.n_blocks = len(self.block_names())
+
+    @abstractmethod
+    def block_names(self) -> list[str]:
+        """Block names in order (the analytic family's names for zoo families)."""
+
+    @abstractmethod
+    def block_kinds(self) -> list[str]:
+        """Block kinds in order (``attention``, ``mlp``, ``conv``, ...), as the analytic family's."""
+
+    @abstractmethod
+    def _new_block(self, index: int) -> nn.Module:
+        """Construct block ``index``; called with the global RNG already seeded."""
+
+    def _check_index(self, index: int) -> None:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.n_blocks:
+            raise HetplanError(f"expected a block index in [0, {self.n_blocks}), got {index!r}", field="blocks")
+
+    def build_block(self, index: int, seed: int) -> nn.Module:
+        """Block ``index`` on the CPU in fp32 and training mode, its parameters fixed by ``(seed, index)``.
+
+        The global RNG is forked, so building a block leaves the caller's random state as it was.
+        """
+        self._check_index(index)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed("block", seed, index))
+            block = self._new_block(index)
+        return block.train()
+
+    def build_blocks(self, start: int, end: int, seed: int) -> list[nn.Module]:
+        """Blocks ``[start, end)``; bit for bit the same as building each with :meth:`build_block`."""
+        if not 0 <= start <= end <= self.n_blocks:
+            raise HetplanError(f"expected 0 <= start <= end <= {self.n_blocks}, got [{start}, {end})", field="blocks")
+        return [self.build_block(i, seed) for i in range(start, end)]
+
+    @abstractmethod
+    def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(inputs, targets)`` of the synthetic task, on the CPU; sample ``i`` independent of the size."""
+
+    @abstractmethod
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The SUM over samples of the per-sample loss (computed in fp32)."""
+
+    @abstractmethod
+    def input_dtype(self) -> torch.dtype:
+        """dtype of the batch input as :meth:`sample_batch` makes it (floats are fp32; cast as needed)."""
+
+    @abstractmethod
+    def sample_shape(self) -> tuple[int, ...]:
+        """Shape of one sample of the input."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.model!r})"
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise HetplanError(f"expected a positive batch size, got {batch_size!r}", field="batch_size")
+
+
+def teacher_features(x: torch.Tensor) -> torch.Tensor:
+    """One sample's input reduced to at most :data:`FEATURES` numbers: averages of adjacent runs of
+    its flattened values (a fixed linear map of the input)."""
+    flat = x.reshape(1, 1, -1).float()
+    if flat.shape[-1] <= FEATURES:
+        return flat.reshape(-1)
+    return F.adaptive_avg_pool1d(flat, FEATURES).reshape(-1)
+
+
+class ClassificationTask:
+    """Random normal inputs, labels from a fixed random linear teacher: ``argmax(W · features(x))``.
+
+    The teacher's ``W`` is fixed by the seed; labels are computed one sample at a time, so a sample's
+    label cannot depend on the batch it is in. A network with a linear path from its input (every
+    MLP, every CNN) can learn it, so the loss falls from ``log(classes)``.
+    """
+
+    def __init__(self, shape: tuple[int, ...], classes: int) -> None:
+        self.shape = shape
+        self.classes = classes
+        self._teachers: dict[int, torch.Tensor] = {}
+
+    def teacher(self, seed: int) -> torch.Tensor:
+        if seed not in self._teachers:
+            n = min(FEATURES, math.prod(self.shape))
+            g = torch.Generator().manual_seed(derive_seed("teacher", seed))
+            self._teachers[seed] = torch.randn(self.classes, n, generator=g)
+        return self._teachers[seed]
+
+    def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_batch_size(batch_size)
+        w = self.teacher(seed)
+        xs, ys = [], []
+        for i in range(batch_size):
+            x = torch.randn(self.shape, generator=sample_generator(seed, step, i))
+            xs.append(x)
+            ys.append(torch.argmax(w @ teacher_features(x)))
+        return torch.stack(xs), torch.stack(ys).long()
+
+    @staticmethod
+    def loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output.float(), targets, reduction="sum")

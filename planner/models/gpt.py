@@ -1,0 +1,176 @@
+"""GPT (decoder-only, pre-LN, GPT-2 layout, untied LM head) as torch blocks.
+
+    zoo = GptModel({"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 97})
+    zoo.block_names()            # ['embedding', 'layer0.attn', 'layer0.mlp', ..., 'head']
+    ids, next_ids = zoo.sample_batch(4, seed=0, step=0)     # long [4, 16] each
+
+Blocks as :mod:`planner.profile.analytic.gpt` lists them: ``embedding`` (token + position
+lookups, summed), ``layerN.attn`` (LayerNorm, QKV, causal softmax attention written out as two
+matmuls, output projection, residual add), ``layerN.mlp`` (LayerNorm, Linear h->4h, GELU, Linear
+4h->h, residual add), ``head`` (final LayerNorm, Linear h->vocab without bias) returning logits
+``[B, seq, vocab]``. No dropout: a pipeline must reproduce a single-process run bit for bit, and
+dropout masks would depend on which rank drew them. Attention is written out (not
+``scaled_dot_product_attention``) so that its FLOPs are counted the same on every backend and
+match the analytic 4·s²·h. Initialisation as GPT-2: N(0, 0.02), residual projections scaled by
+1/sqrt(2·layers), zero biases.
+
+The synthetic task: token sequences drawn from a fixed random "teacher" Markov chain over the
+vocabulary (each token has :data:`SUCCESSORS` possible next tokens, fixed by the seed), targets the
+next tokens. The loss can fall from log(vocab) towards log(SUCCESSORS).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from planner.models.base import ZooModel, _check_batch_size, derive_seed
+
+__all__ = ["SUCCESSORS", "Attention", "Embedding", "GptModel", "Head", "Mlp"]
+
+#: Possible next tokens of each token in the teacher chain.
+SUCCESSORS = 4
+INIT_STD = 0.02
+
+
+def _init_linear(layer: nn.Linear, std: float) -> None:
+    nn.init.normal_(layer.weight, std=std)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+
+
+class Embedding(nn.Module):
+    """Token + position embeddings: long ``[B, t]`` -> ``[B, t, hidden]``."""
+
+    def __init__(self, vocab: int, seq: int, hidden: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, hidden)
+        self.positions = nn.Embedding(seq, hidden)
+        nn.init.normal_(self.tokens.weight, std=INIT_STD)
+        nn.init.normal_(self.positions.weight, std=INIT_STD)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        return self.tokens(ids) + self.positions(positions)
+
+
+class Attention(nn.Module):
+    """Pre-LN causal self-attention with its residual add."""
+
+    def __init__(self, hidden: int, heads: int, seq: int, layers: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        _init_linear(self.qkv, INIT_STD)
+        _init_linear(self.proj, INIT_STD / math.sqrt(2 * layers))
+        self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool).triu(1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        a = self.heads
+        q, k, v = self.qkv(self.norm(x)).split(h, dim=-1)
+        q = q.reshape(b, t, a, h // a).transpose(1, 2)
+        k = k.reshape(b, t, a, h // a).transpose(1, 2)
+        v = v.reshape(b, t, a, h // a).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(h // a))
+        scores = scores.masked_fill(self.mask[:t, :t], float("-inf"))
+        y = scores.softmax(dim=-1) @ v
+        return x + self.proj(y.transpose(1, 2).reshape(b, t, h))
+
+
+class Mlp(nn.Module):
+    """Pre-LN feed-forward (h -> 4h -> h, GELU) with its residual add."""
+
+    def __init__(self, hidden: int, layers: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, 4 * hidden)
+        self.act = nn.GELU()
+        self.down = nn.Linear(4 * hidden, hidden)
+        _init_linear(self.up, INIT_STD)
+        _init_linear(self.down, INIT_STD / math.sqrt(2 * layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(self.act(self.up(self.norm(x))))
+
+
+class Head(nn.Module):
+    """Final LayerNorm + untied LM head (no bias): ``[B, t, h]`` -> logits ``[B, t, vocab]``."""
+
+    def __init__(self, hidden: int, vocab: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.lm = nn.Linear(hidden, vocab, bias=False)
+        _init_linear(self.lm, INIT_STD)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm(self.norm(x))
+
+
+class GptModel(ZooModel):
+    """The zoo GPT for a full, checked config (keys as the analytic ``gpt`` family)."""
+
+    def __init__(self, config: dict[str, int]) -> None:
+        self.config = dict(config)
+        self._tables: dict[int, np.ndarray] = {}
+        super().__init__({"family": "gpt", "config": dict(config)})
+
+    def block_names(self) -> list[str]:
+        names = ["embedding"]
+        for i in range(self.config["layers"]):
+            names += [f"layer{i}.attn", f"layer{i}.mlp"]
+        return [*names, "head"]
+
+    def block_kinds(self) -> list[str]:
+        return ["embedding"] + ["attention", "mlp"] * self.config["layers"] + ["head"]
+
+    def _new_block(self, index: int) -> nn.Module:
+        c = self.config
+        if index == 0:
+            return Embedding(c["vocab"], c["seq"], c["hidden"])
+        if index == self.n_blocks - 1:
+            return Head(c["hidden"], c["vocab"])
+        if index % 2 == 1:
+            return Attention(c["hidden"], c["heads"], c["seq"], c["layers"])
+        return Mlp(c["hidden"], c["layers"])
+
+    def teacher(self, seed: int) -> np.ndarray:
+        """The chain's successor table ``[vocab, SUCCESSORS]``, fixed by ``seed``."""
+        if seed not in self._tables:
+            rng = np.random.default_rng(derive_seed("gpt-teacher", seed))
+            self._tables[seed] = rng.integers(0, self.config["vocab"], size=(self.config["vocab"], SUCCESSORS))
+        return self._tables[seed]
+
+    def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_batch_size(batch_size)
+        table = self.teacher(seed).tolist()
+        s, v = self.config["seq"], self.config["vocab"]
+        rows = []
+        for i in range(batch_size):
+            rng = np.random.default_rng(derive_seed("sample", seed, step, i))
+            token = int(rng.integers(v))
+            picks = rng.integers(SUCCESSORS, size=s).tolist()
+            row = [token]
+            for p in picks:
+                token = table[token][p]
+                row.append(token)
+            rows.append(row)
+        tokens = torch.tensor(rows, dtype=torch.long)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy, mean over a sample's tokens, summed over samples."""
+        per_token = F.cross_entropy(output.float().reshape(-1, output.shape[-1]), targets.reshape(-1), reduction="none")
+        return per_token.reshape(targets.shape[0], -1).mean(dim=1).sum()
+
+    def input_dtype(self) -> torch.dtype:
+        return torch.long
+
+    def sample_shape(self) -> tuple[int, ...]:
+        return (self.config["seq"],)

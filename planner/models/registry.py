@@ -1,0 +1,86 @@
+"""Resolve a profile's ``model`` section to a buildable :class:`~planner.models.base.ZooModel`.
+
+    zoo = resolve_model({"family": "gpt", "config": {"layers": 2, "hidden": 64}})   # defaults filled in
+    zoo.model        # {'family': 'gpt', 'config': {'layers': 2, 'hidden': 64, 'heads': 12, ...}}
+    zoo = resolve_model({"factory": "pkg.mod:build", "config": {"width": 64}, "input_shape": [3, 32, 32]})
+
+Zoo families take their config keys, defaults and checks from the analytic family of the same name
+(:data:`planner.profile.analytic.FAMILIES`), so a measured and an analytic profile of one config
+describe the same model, block for block.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from planner.errors import HetplanError
+from planner.models.base import ZooModel
+from planner.models.factory import FactoryModel
+from planner.models.gpt import GptModel
+from planner.models.mlp import MlpModel
+from planner.models.resnet import ResnetModel
+from planner.models.vgg import VggModel
+from planner.profile.analytic.registry import get_family
+
+__all__ = ["ZOO", "resolve_model"]
+
+#: Families with a torch implementation (``bert`` is analytic only for now).
+ZOO: dict[str, Callable[[dict[str, int]], ZooModel]] = {
+    "gpt": GptModel,
+    "resnet": ResnetModel,
+    "vgg": VggModel,
+    "mlp": MlpModel,
+}
+
+_FAMILY_KEYS = ("family", "config")
+_FACTORY_KEYS = ("factory", "config", "input_shape")
+
+
+def _refuse_unknown(model: Mapping[str, Any], known: tuple[str, ...]) -> None:
+    for key in model:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(known)})"
+            raise HetplanError(f"unknown field{hint}", field=f"model.{key}")
+
+
+def resolve_model(model: Mapping[str, Any]) -> ZooModel:
+    """The buildable model a ``model`` section describes.
+
+    Args:
+        model: ``{"family": name, "config": {...}}`` (a zoo family; missing config keys take the
+            family's defaults) or ``{"factory": "pkg.mod:build", "config": {...}, "input_shape": [...]}``.
+
+    Returns:
+        A :class:`ZooModel` whose ``model`` attribute is the normalised section (full config).
+
+    Raises:
+        HetplanError: an unknown family (``field="family"``), a bad setting (``config.<key>``), a
+            factory that does not import or returns no blocks (``factory``), an input shape the
+            model refuses (``--input-shape``).
+    """
+    if not isinstance(model, Mapping):
+        raise HetplanError(f"expected a mapping with 'family' or 'factory', got {model!r}", field="model")
+    if "family" in model and "factory" in model:
+        raise HetplanError("give either 'family' (a zoo model) or 'factory' (module:function), not both", field="model")
+    if "factory" in model:
+        _refuse_unknown(model, _FACTORY_KEYS)
+        return FactoryModel(model["factory"], model.get("config"), model.get("input_shape"))
+    if "family" not in model:
+        what = f"an imported model ({model['name']!r})" if "name" in model else "no model"
+        raise HetplanError(
+            f"this section names {what}; hetplan can build a zoo 'family' or a 'factory' (module:function)",
+            field="model",
+        )
+    _refuse_unknown(model, _FAMILY_KEYS)
+    name = model["family"]
+    family = get_family(name)
+    if name not in ZOO:
+        raise HetplanError(
+            f"the model zoo has no torch implementation of {name!r} yet (it has: {', '.join(ZOO)}); "
+            "profile it with --analytic",
+            field="family",
+        )
+    return ZOO[name](family.full_config(model.get("config")))

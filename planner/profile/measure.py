@@ -1,0 +1,460 @@
+"""Measure a real model block by block: times, parameters, saved activations, FLOPs.
+
+    from planner.profile.measure import measure_profile
+    profile = measure_profile({"family": "gpt", "config": {"layers": 4, "hidden": 256}},
+                              micro_batches=(1, 2, 4, 8), device="cpu", warmup=2, repeat=5)
+    profile.save("gpt.cpu.yaml")          # times under `cpu`, source: measured
+
+For each micro-batch size the model's synthetic batch runs through the blocks in order, each block
+on the real output of the one before (so every shape is real). Per block and size: ``warmup``
+untimed runs, then ``repeat`` timed forward and backward passes; the profile keeps the **median**
+of each and the relative spread ``(max - min) / median`` of their sum. The forward is timed with
+autograd recording (as in training); the backward is ``torch.autograd.backward(output, ones)``
+with the block's input requiring grad, so it computes the input and parameter gradients and
+nothing upstream. The last block's forward includes the loss and its backward starts from the loss,
+as on the last pipeline stage. On CUDA the device is synchronised before and after each timed
+region.
+
+Per block, once, at the largest micro-batch (divided by it): forward FLOPs by
+``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add, matmuls and convolutions, as the
+analytic profiles count), the bytes autograd saves for backward by
+``torch.autograd.graph.saved_tensors_hooks`` (unique storages; see :func:`saved_bytes`), and the
+output's bytes. Parameters and their bytes are counted from the module.
+
+``estimate_for`` carries the measured times to other catalog types by the roofline ratio
+(:func:`planner.profile.carry.carry_times`), at the measured dtype: a CPU fp32 measurement becomes
+a GPU **fp32** estimate (CUDA cores, no TF32 or half-precision tensor cores). docs/profiling.md
+says how far to trust that.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from planner.contracts.catalog import DTYPES, Catalog, DeviceType, load_catalog
+from planner.contracts.model_profile import Block, ModelProfile, Timing
+from planner.errors import HetplanError
+from planner.models import resolve_model
+from planner.profile.carry import carry_times
+
+__all__ = ["cuda_device_type", "measure_profile", "saved_bytes", "saved_storages", "storage_key"]
+
+Progress = Callable[[int, int], None]
+
+_TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+# --------------------------------------------------------------------------- device names
+def cuda_device_type(name: str, memory_bytes: float, catalog: Catalog | None = None) -> str | None:
+    """The catalog type for a CUDA device name as ``torch.cuda.get_device_name`` gives it, or None.
+
+    ``"NVIDIA H100 80GB HBM3"`` -> ``H100-SXM``; A100 and V100 are told apart by their memory
+    (``memory_bytes``, as ``torch.cuda.get_device_properties(i).total_memory``). Names with a
+    variant the catalog lacks (H100 PCIe/NVL, A10G, L40, 3090 Ti, ...) give None: the caller
+    asks the user for ``--device-type``.
+    """
+    text = name.upper().replace("NVIDIA", "").replace("GEFORCE", "").replace("TESLA", "").strip()
+    gib = memory_bytes / 2**30
+    rules: list[tuple[str, str | Callable[[], str]]] = [
+        (r"\bGH200\b", "GH200"),
+        (r"\bH100\b(?!.*\b(PCIE|NVL)\b)", "H100-SXM"),
+        (r"\bA100\b", lambda: "A100-80GB" if gib > 48 else "A100-40GB"),
+        (r"\bV100\b", lambda: "V100-32GB" if gib > 24 else "V100-16GB"),
+        (r"\bA10\b", "A10"),
+        (r"\bL4\b", "L4"),
+        (r"\bT4\b", "T4"),
+        (r"\bRTX 4090\b(?! D)", "RTX-4090"),
+        (r"\bRTX 3090\b(?! TI)", "RTX-3090"),
+        (r"\bRTX 2080 TI\b", "RTX-2080Ti"),
+        (r"\bRTX 2080\b(?! (TI|SUPER))", "RTX-2080"),
+        (r"\bTITAN RTX\b", "TITAN-RTX"),
+        (r"\bP100\b", "P100"),
+    ]
+    for pattern, result in rules:
+        if re.search(pattern, text):
+            found = result if isinstance(result, str) else result()
+            if catalog is None or found in catalog:
+                return found
+            return None
+    return None
+
+
+def _cpu_name() -> str:
+    name = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return name or platform.machine() or "unknown CPU"
+
+
+def _resolve_device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise HetplanError(f"expected a device such as 'cpu' or 'cuda', got {device!r}", field="--device") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise HetplanError("CUDA was asked for but torch sees no CUDA device here; use --device cpu",
+                               field="--device")
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise HetplanError(f"no CUDA device {index} (torch sees {torch.cuda.device_count()})", field="--device")
+        return torch.device("cuda", index)
+    if dev.type != "cpu":
+        raise HetplanError(f"measuring on {dev.type!r} is not supported; use cpu or cuda", field="--device")
+    return dev
+
+
+# --------------------------------------------------------------------------- what one block keeps
+StorageKey = tuple[str, int]
+
+
+def storage_key(t: torch.Tensor) -> StorageKey:
+    """Identity of the memory a tensor lives in: its device and its storage's address."""
+    return str(t.device), t.untyped_storage().data_ptr()
+
+
+def saved_storages(run: Callable[[], Any]) -> tuple[dict[StorageKey, int], Any]:
+    """The storages autograd saves for backward while ``run()`` executes (bytes by
+    :func:`storage_key`), and what ``run`` returned.
+
+    Every tensor autograd saves passes the pack hook; it is counted by its **storage**, deduplicated
+    by ``(device, data_ptr)``, each counted whole (``untyped_storage().nbytes()``) since a saved view
+    keeps its whole base alive. The saved tensors stay alive as long as ``run``'s result (the graph
+    holds them), so no two of them can share an address by reuse while they are counted.
+    """
+    seen: dict[StorageKey, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[storage_key(t)] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = run()
+    return seen, result
+
+
+def saved_bytes(run: Callable[[], Any], exclude: Iterable[torch.Tensor] = ()) -> tuple[float, Any]:
+    """Bytes of :func:`saved_storages` less the storages of ``exclude``, and what ``run`` returned."""
+    seen, result = saved_storages(run)
+    skip = {storage_key(t) for t in exclude}
+    return float(sum(n for key, n in seen.items() if key not in skip)), result
+
+
+def _block_state(block: nn.Module) -> list[torch.Tensor]:
+    return [*block.parameters(), *block.buffers()]
+
+
+# --------------------------------------------------------------------------- timing
+class _Clock:
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+def _spread(values: Sequence[float]) -> float:
+    mid = statistics.median(values)
+    return (max(values) - min(values)) / mid if mid > 0 else 0.0
+
+
+def _as_input(x: torch.Tensor) -> torch.Tensor:
+    x = x.detach()
+    return x.requires_grad_() if x.is_floating_point() else x
+
+
+def _time_block(
+    block: nn.Module,
+    x: torch.Tensor,
+    finish: Callable[[torch.Tensor], torch.Tensor] | None,
+    *,
+    warmup: int,
+    repeat: int,
+    clock: _Clock,
+) -> tuple[Timing, torch.Tensor]:
+    """Median forward and backward seconds of ``block`` on ``x``; ``finish`` (the loss) ends the forward."""
+    fwd: list[float] = []
+    bwd: list[float] = []
+    output = x
+    for r in range(warmup + repeat):
+        xin = _as_input(x)
+        t0 = clock.now()
+        output = block(xin)
+        result = finish(output) if finish is not None else output
+        t1 = clock.now()
+        if result.requires_grad:
+            grad = torch.ones_like(result)
+            t2 = clock.now()
+            torch.autograd.backward(result, grad)
+            t3 = clock.now()
+        else:
+            t2 = t3 = 0.0
+        del result, xin
+        if r >= warmup:
+            fwd.append(t1 - t0)
+            bwd.append(t3 - t2)
+    timing = Timing(
+        fwd=statistics.median(fwd),
+        bwd=statistics.median(bwd),
+        source="measured",
+        spread=round(_spread([f + b for f, b in zip(fwd, bwd, strict=True)]), 4),
+    )
+    return timing, output.detach()
+
+
+def _stats(
+    block: nn.Module, x: torch.Tensor, finish: Callable[[torch.Tensor], torch.Tensor] | None, m: int
+) -> tuple[float, float, float]:
+    """(forward FLOPs, bytes kept for backward, output bytes) per sample, from runs at micro-batch ``m``.
+
+    Kept bytes leave out the block's parameters and buffers (not activations) and, except for the
+    last block, its output: the next block counts it as its own input, the rule the analytic
+    profiles follow, so summing over a stage counts each tensor once. The last block's output feeds
+    the loss on the same device, so what the loss saves is counted with it.
+    """
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        block(x.detach())
+    flops = float(counter.get_total_flops())
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        out = block(_as_input(x))
+        return out, (finish(out) if finish is not None else out)
+
+    seen, (out, _result) = saved_storages(run)
+    skip = {storage_key(t) for t in _block_state(block)}
+    if finish is None:
+        skip.add(storage_key(out))
+    kept = float(sum(n for key, n in seen.items() if key not in skip))
+    out_bytes = float(out.numel() * out.element_size())
+    return flops / m, kept / m, out_bytes / m
+
+
+def _check_counts(micro_batches: Sequence[int], warmup: int, repeat: int) -> tuple[int, ...]:
+    sizes = tuple(micro_batches)
+    if not sizes:
+        raise HetplanError("expected at least one micro-batch size", field="--micro-batches")
+    for m in sizes:
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise HetplanError(f"expected positive integer micro-batch sizes, got {m!r}", field="--micro-batches")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise HetplanError(f"expected a warm-up count >= 0, got {warmup!r}", field="--warmup")
+    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
+        raise HetplanError(f"expected a repetition count >= 1, got {repeat!r}", field="--repeat")
+    return tuple(sorted(set(sizes)))
+
+
+def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise HetplanError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}", field="--dtype")
+    if dtype == "tf32" and device.type != "cuda":
+        raise HetplanError("tf32 is a CUDA tensor-core math mode; measure fp32 on the CPU", field="--dtype")
+    return _TORCH_DTYPES[dtype]
+
+
+class _MathMode:
+    """On CUDA, TF32 matmuls and convolutions exactly when the dtype is tf32 (cuDNN allows TF32 by
+    default, which would make an "fp32" measurement a TF32 one); restored on exit."""
+
+    def __init__(self, device: torch.device, dtype: str) -> None:
+        self.active = device.type == "cuda"
+        self.tf32 = dtype == "tf32"
+        self.saved: tuple[bool, bool] = (False, False)
+
+    def __enter__(self) -> None:
+        if self.active:
+            self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+            torch.backends.cuda.matmul.allow_tf32 = self.tf32
+            torch.backends.cudnn.allow_tf32 = self.tf32
+
+    def __exit__(self, *exc: object) -> None:
+        if self.active:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
+
+
+def _device_type_name(device: torch.device, given: str | None, catalog: Catalog) -> str:
+    if given:
+        return catalog.canonical(given) or given
+    if device.type == "cpu":
+        return "cpu"
+    props = torch.cuda.get_device_properties(device)
+    found = cuda_device_type(props.name, props.total_memory, catalog)
+    if found is None:
+        raise HetplanError(
+            f"cannot tell which catalog type {props.name!r} ({props.total_memory / 2**30:.0f} GiB) is; "
+            f"name it with --device-type (catalog types: {', '.join(d.name for d in catalog)})",
+            field="--device-type",
+        )
+    return found
+
+
+def _describe(device: torch.device) -> dict[str, Any]:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {
+            "kind": "cuda",
+            "device": props.name,
+            "memory_bytes": int(props.total_memory),
+            "cuda": torch.version.cuda,
+            "threads": torch.get_num_threads(),
+        }
+    return {"kind": "cpu", "device": _cpu_name(), "threads": torch.get_num_threads()}
+
+
+def _sig(x: float) -> float:
+    """Six significant digits: the timing noise is far larger, and the YAML stays readable."""
+    return float(f"{x:.6g}")
+
+
+def measure_profile(
+    model: dict[str, Any],
+    *,
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8),
+    device: str = "cpu",
+    dtype: str = "fp32",
+    warmup: int = 2,
+    repeat: int = 5,
+    seed: int = 0,
+    estimate_for: Sequence[DeviceType] = (),
+    progress: Progress | None = None,
+    device_type_name: str | None = None,
+) -> ModelProfile:
+    """Measure ``model`` (a profile's ``model`` section) block by block on ``device``.
+
+    Args:
+        model: ``{"family": ..., "config": {...}}`` or ``{"factory": "pkg.mod:fn", "config": {...},
+            "input_shape": [...]}``, as :func:`planner.models.resolve_model` takes.
+        micro_batches: sizes to time (sorted, duplicates dropped); include 1.
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        dtype: ``fp32``, ``tf32`` (CUDA only), ``fp16`` or ``bf16``: parameters and float inputs
+            are cast to it; the loss is computed in fp32.
+        warmup, repeat: untimed and timed runs per block and size.
+        seed: fixes the parameters and the synthetic batch.
+        estimate_for: catalog types to carry the measured times to (marked ``estimated``).
+        progress: called as ``progress(done, total)`` after each block and size.
+        device_type_name: the name the times are filed under; default ``cpu`` on the CPU, else the
+            catalog type of the CUDA device (see :func:`cuda_device_type`).
+
+    Returns:
+        A :class:`ModelProfile` with times under the device type name, ``source: measured``.
+
+    Raises:
+        HetplanError: a bad model section, CUDA asked for where there is none (``--device``), a
+            CUDA device the catalog does not know (``--device-type``), bad counts, out of memory.
+
+    Note:
+        Every block stays on the device for the whole measurement and gradients accumulate across
+        the repetitions (as across the micro-batches of a step), so peak memory is the whole model's
+        weights and gradients plus one block's activations at the largest micro-batch.
+    """
+    sizes = _check_counts(micro_batches, warmup, repeat)
+    dev = _resolve_device(device)
+    torch_dtype = _resolve_dtype(dtype, dev)
+    catalog = load_catalog()
+    type_name = _device_type_name(dev, device_type_name, catalog)
+    if estimate_for and type_name not in catalog:
+        raise HetplanError(
+            f"times measured as {type_name!r} cannot be carried to other types: it is not in the catalog",
+            field="--device-type",
+        )
+    zoo = resolve_model(model)
+    names, kinds = zoo.block_names(), zoo.block_kinds()
+    n = zoo.n_blocks
+    clock = _Clock(dev)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    blocks = [b.to(device=dev, dtype=torch_dtype) for b in zoo.build_blocks(0, n, seed)]
+    times: list[dict[int, Timing]] = [{} for _ in range(n)]
+    stats: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)] * n
+    total, done = len(sizes) * n, 0
+    with _MathMode(dev, dtype):
+        for m in sizes:
+            x, y = zoo.sample_batch(m, seed=seed, step=0)
+            x = x.to(dev, dtype=torch_dtype) if x.is_floating_point() else x.to(dev)
+            y = y.to(dev)
+
+            def loss(out: torch.Tensor, y: torch.Tensor = y) -> torch.Tensor:
+                return zoo.loss(out, y)
+
+            for i, block in enumerate(blocks):
+                finish = loss if i == n - 1 else None
+                try:
+                    if m == sizes[-1]:
+                        stats[i] = _stats(block, x, finish, m)
+                    times[i][m], x = _time_block(block, x, finish, warmup=warmup, repeat=repeat, clock=clock)
+                except torch.cuda.OutOfMemoryError as exc:
+                    raise HetplanError(
+                        f"out of memory in block {names[i]} at micro-batch {m}; measure smaller sizes",
+                        field="--micro-batches",
+                    ) from exc
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+    out_blocks = []
+    for i, block in enumerate(blocks):
+        params = list(block.parameters())
+        flops, kept, out_bytes = stats[i]
+        out_blocks.append(
+            Block(
+                name=names[i],
+                kind=kinds[i],
+                params=sum(p.numel() for p in params),
+                param_bytes=float(sum(p.numel() * p.element_size() for p in params)),
+                activation_bytes=kept,
+                output_bytes=out_bytes,
+                flops_fwd=flops,
+                times={
+                    type_name: {
+                        m: Timing(fwd=_sig(t.fwd), bwd=_sig(t.bwd), source="measured", spread=t.spread)
+                        for m, t in times[i].items()
+                    }
+                },
+            )
+        )
+    element = torch.empty((), dtype=torch_dtype if zoo.input_dtype().is_floating_point else zoo.input_dtype())
+    source: dict[str, Any] = {
+        "tool": "hetplan measure",
+        "torch": str(torch.__version__),
+        "python": platform.python_version(),
+        **_describe(dev),
+        "device_type": type_name,
+        "warmup": warmup,
+        "repeat": repeat,
+        "seed": seed,
+        "statistic": "median of the timed runs; spread = (max - min) / median of fwd + bwd",
+        "flops": "torch.utils.flop_counter.FlopCounterMode: 2 per multiply-add, matmuls and convolutions",
+        "activation_bytes": (
+            "saved_tensors_hooks at the largest micro-batch, unique storages by (device, data_ptr), "
+            "parameters, buffers and the block's output left out; per sample"
+        ),
+        "last_block": "forward and backward include the loss",
+    }
+    if dev.type == "cuda":
+        source["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(dev))
+    profile = ModelProfile(
+        model=zoo.model,
+        dtype=dtype,
+        blocks=out_blocks,
+        input_bytes=float(math.prod(zoo.sample_shape()) * element.element_size()),
+        source=source,
+    )
+    if estimate_for:
+        profile = carry_times(profile, type_name, list(estimate_for), catalog=catalog)
+    return profile

@@ -1,0 +1,79 @@
+"""Measured beside predicted: a run log held against the plan that produced it."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from planner.contracts.plan import Plan
+from planner.contracts.runlog import StepRecord
+from planner.units import format_time
+
+__all__ = ["report_renderables", "report_rows"]
+
+
+def report_rows(records: list[StepRecord], plan: Plan, *, skip_steps: int = 1) -> dict[str, Any]:
+    """Per stage and in total: measured (median over steps after the warm-up ones) vs predicted."""
+    steps = sorted({r.step for r in records})
+    kept = [r for r in records if r.step >= steps[min(skip_steps, len(steps) - 1)]]
+    predicted = plan.predicted or {}
+    by_stage: dict[tuple[int, int], list[StepRecord]] = {}
+    for r in kept:
+        by_stage.setdefault((r.pipeline, r.stage), []).append(r)
+    stages = []
+    for entry in predicted.get("stages", []):
+        key = (entry["pipeline"], entry["stage"])
+        rs = by_stage.get(key, [])
+        per_step: dict[int, float] = {}
+        for r in rs:  # the slowest replica of the stage, per step
+            per_step[r.step] = max(per_step.get(r.step, 0.0), r.compute_s)
+        measured = statistics.median(per_step.values()) if per_step else None
+        want = entry["fwd_s"] + entry["bwd_s"]
+        stages.append({"pipeline": key[0], "stage": key[1], "measured_compute_s": measured,
+                       "predicted_compute_s": want,
+                       "error": (measured / want - 1) if measured and want else None})
+    iteration_by_step: dict[int, float] = {}
+    for r in kept:
+        iteration_by_step[r.step] = max(iteration_by_step.get(r.step, 0.0), r.iteration_s)
+    measured_iter = statistics.median(iteration_by_step.values()) if iteration_by_step else None
+    want_iter = predicted.get("iteration_s")
+    losses = [r.loss for r in records if r.loss is not None and r.rank == 0]
+    return {
+        "steps": len(steps),
+        "skipped_warmup_steps": min(skip_steps, len(steps) - 1),
+        "measured_iteration_s": measured_iter,
+        "predicted_iteration_s": want_iter,
+        "iteration_error": (measured_iter / want_iter - 1) if measured_iter and want_iter else None,
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "emulated": any(r.emulated_slowdown for r in records),
+        "stages": stages,
+    }
+
+
+def report_renderables(rows: dict[str, Any]) -> list[Any]:
+    out: list[Any] = []
+    if rows["emulated"]:
+        out.append(Text("device speeds were EMULATED on this machine (slowdown factors)", style="bold yellow"))
+    table = Table(title="Measured vs predicted (median over steps, warm-up excluded)", title_justify="left")
+    for col in ("what", "measured", "predicted", "error"):
+        table.add_column(col, justify="right" if col != "what" else "left")
+
+    def fmt(v: float | None) -> str:
+        return format_time(v) if v is not None else "-"
+
+    def err(v: float | None) -> str:
+        return f"{v:+.1%}" if v is not None else "-"
+
+    for s in rows["stages"]:
+        table.add_row(f"pipeline {s['pipeline']} stage {s['stage']} compute", fmt(s["measured_compute_s"]),
+                      fmt(s["predicted_compute_s"]), err(s["error"]))
+    table.add_row(Text("iteration", style="bold"), fmt(rows["measured_iteration_s"]),
+                  fmt(rows["predicted_iteration_s"]), err(rows["iteration_error"]))
+    out.append(table)
+    if rows["first_loss"] is not None:
+        out.append(Text(f"loss {rows['first_loss']:.4f} -> {rows['last_loss']:.4f} over {rows['steps']} steps"))
+    return out
