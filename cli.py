@@ -105,45 +105,155 @@ def _family_options(func: Any) -> Any:
 
 
 @cli.command()
-@click.argument("family")
+@click.argument("family", metavar="MODEL")
 @_family_options
 @click.option("--analytic", is_flag=True, help="Estimate from FLOPs and bytes against the catalog (no torch).")
-@click.option("--devices", "device_list", default=None, help="Device types to estimate for, comma-separated.")
+@click.option("--devices", "device_list", default=None, help="Device types for --analytic, comma-separated.")
+@click.option(
+    "--device",
+    "run_device",
+    default="cpu",
+    show_default=True,
+    type=click.Choice(["cpu", "cuda"]),
+    help="Where to measure (without --analytic).",
+)
+@click.option("--device-type", default=None, help="Catalog name of the measuring device (default: detected).")
+@click.option("--estimate-for", default=None, help="Also estimate times for these catalog types (roofline ratio).")
+@click.option("--input-shape", default=None, help="Per-sample input shape of a module:factory model, e.g. 3,224,224.")
+@click.option("--kwargs", "factory_kwargs", default=None, help="Arguments of a module:factory model, e.g. width=64.")
+@click.option("--repeat", default=5, show_default=True, type=click.IntRange(min=1), help="Timed runs per size.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed runs first.")
 @click.option("--dtype", default="fp32", type=click.Choice(["fp32", "tf32", "fp16", "bf16"]), show_default=True)
 @click.option("--micro-batches", default="1,2,4,8", show_default=True, help="Micro-batch sizes to time.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile file to write.")
 def profile(
-    family: str, analytic: bool, device_list: str | None, dtype: str, micro_batches: str, output: str, **settings: Any
+    family: str,
+    analytic: bool,
+    device_list: str | None,
+    run_device: str,
+    device_type: str | None,
+    estimate_for: str | None,
+    input_shape: str | None,
+    factory_kwargs: str | None,
+    repeat: int,
+    warmup: int,
+    dtype: str,
+    micro_batches: str,
+    output: str,
+    **settings: Any,
 ) -> None:
-    """Profile a model's per-block costs into a model-profile YAML file.
+    """Profile a model's per-block costs into a model-profile YAML file: measured here (torch), or
+    estimated with --analytic. MODEL is a zoo family (gpt, bert, resnet, vgg, mlp) or module:factory.
 
     \b
     Examples:
-      hetplan profile gpt --layers 12 --hidden 768 --heads 12 --seq 256 --analytic \\
-          --devices A100-80GB,V100-16GB,T4 -o gpt.profile.yaml
-      hetplan profile resnet --depth 50 --analytic --devices V100-16GB -o resnet50.yaml
+      hetplan profile gpt --layers 12 --hidden 768 --heads 12 --seq 256 --micro-batches 1,2,4,8 \\
+          --estimate-for A100-80GB,V100-16GB -o gpt.profile.yaml
+      hetplan profile mymodels:build --input-shape 3,224,224 --kwargs width=64 -o mine.yaml
+      hetplan profile gpt --layers 12 --hidden 768 --analytic --devices A100-80GB,T4 -o gpt.yaml
     """
     from planner.contracts.catalog import load_catalog
-    from planner.profile.analytic import analytic_profile
 
     config = {k: v for k, v in settings.items() if v is not None}
-    if not analytic:
-        raise HetplanError(
-            "measuring a real model with torch is not built yet; add --analytic to estimate from FLOPs and bytes",
-            field="--analytic",
-        )
+    sizes = _csv_ints(micro_batches, param="--micro-batches")
     catalog = load_catalog()
-    names = _csv(device_list, param="--devices") or ["A100-80GB"]
-    types = [catalog.get(n, field="--devices") for n in names]
-    result = analytic_profile(
-        family, config, devices=types, dtype=dtype, micro_batches=_csv_ints(micro_batches, param="--micro-batches")
-    )
+    if analytic:
+        from planner.profile.analytic import analytic_profile
+
+        if ":" in family:
+            raise HetplanError("--analytic needs a zoo family; a module:factory model is measured", field="MODEL")
+        names = _csv(device_list, param="--devices") or ["A100-80GB"]
+        types = [catalog.get(n, field="--devices") for n in names]
+        result = analytic_profile(family, config, devices=types, dtype=dtype, micro_batches=sizes)
+        result.save(output)
+        params = sum(b.params for b in result.blocks)
+        console.print(
+            f"wrote {output}: {family}, {len(result.blocks)} blocks, {params:,} parameters, "
+            f"estimated for {', '.join(names)}"
+        )
+        return
+    try:
+        from planner.profile.measure import measure_profile
+    except ImportError:
+        raise HetplanError(
+            "measuring needs torch: pip install torch==2.13.0 (or add --analytic)", field="--analytic"
+        ) from None
+    if ":" in family:
+        model: dict[str, Any] = {"factory": family, "config": _parse_kwargs(factory_kwargs)}
+        if not input_shape:
+            raise HetplanError(
+                "a module:factory model needs --input-shape (per sample, e.g. 3,224,224)", field="--input-shape"
+            )
+        model["input_shape"] = list(_csv_ints_ordered(input_shape, param="--input-shape"))
+    else:
+        if factory_kwargs or input_shape:
+            raise HetplanError(
+                "--kwargs and --input-shape are for module:factory models; a zoo family takes --layers, --hidden, ...",
+                field="--kwargs",
+            )
+        model = {"family": family, "config": config}
+    targets = [catalog.get(n, field="--estimate-for") for n in _csv(estimate_for, param="--estimate-for")]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn(f"measuring on {run_device}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=not err_console.is_terminal,
+    ) as bar:
+        task = bar.add_task("measure", total=None)
+        result = measure_profile(
+            model,
+            micro_batches=sizes,
+            device=run_device,
+            dtype=dtype,
+            warmup=warmup,
+            repeat=repeat,
+            estimate_for=targets,
+            device_type_name=device_type,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
     result.save(output)
+    if "family" in model:
+        from planner.profile.compare import compare_with_analytic
+
+        for line in compare_with_analytic(result, result.model):
+            err_console.print(f"note: {line}", markup=False)
     params = sum(b.params for b in result.blocks)
     console.print(
-        f"wrote {output}: {family}, {len(result.blocks)} blocks, {params:,} parameters, "
-        f"estimated for {', '.join(names)}"
+        f"wrote {output}: {len(result.blocks)} blocks, {params:,} parameters, measured on "
+        f"{result.device_types()[0]}" + (f", estimated for {', '.join(t.name for t in targets)}" if targets else "")
     )
+
+
+def _csv_ints_ordered(value: str, *, param: str) -> tuple[int, ...]:
+    out = []
+    for item in _csv(value, param=param):
+        if not item.isdigit() or int(item) < 1:
+            raise HetplanError(f"expected positive integers such as 3,224,224, got {item!r}", field=param)
+        out.append(int(item))
+    return tuple(out)
+
+
+def _parse_kwargs(text: str | None) -> dict[str, Any]:
+    """``width=64,act=relu`` -> {"width": 64, "act": "relu"} (ints and floats recognised)."""
+    out: dict[str, Any] = {}
+    for item in _csv(text, param="--kwargs") if text else []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise HetplanError(f"expected key=value, got {item!r}", field="--kwargs")
+        value: Any = raw.strip()
+        for cast in (int, float):
+            try:
+                value = cast(raw)
+                break
+            except ValueError:
+                continue
+        out[key.strip()] = value
+    return out
 
 
 # --------------------------------------------------------------------------- import
@@ -493,8 +603,17 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
     from planner.emit import emit_launch
 
     loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
-    for path in emit_launch(loaded, loaded_profile, loaded_cluster, output_dir, master=master, steps=steps,
-                            seed=seed, lr=lr, backend=backend):
+    for path in emit_launch(
+        loaded,
+        loaded_profile,
+        loaded_cluster,
+        output_dir,
+        master=master,
+        steps=steps,
+        seed=seed,
+        lr=lr,
+        backend=backend,
+    ):
         console.print(f"wrote {path}")
 
 
@@ -508,8 +627,17 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
 @click.option("--save", default=None, type=click.Path(file_okay=False), help="Save a checkpoint (per block) here.")
 @click.option("--resume", default=None, type=click.Path(file_okay=False), help="Resume from a checkpoint folder.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1), help="Torch threads per rank.")
-def launch(plan_file: str, steps: int, seed: int, lr: float | None, log_file: str | None, emulate: bool,
-           save: str | None, resume: str | None, threads: int) -> None:
+def launch(
+    plan_file: str,
+    steps: int,
+    seed: int,
+    lr: float | None,
+    log_file: str | None,
+    emulate: bool,
+    save: str | None,
+    resume: str | None,
+    threads: int,
+) -> None:
     """Train a plan here: spawn every rank on this machine (gloo), show progress, summarise.
 
     \b
@@ -529,20 +657,37 @@ def launch(plan_file: str, steps: int, seed: int, lr: float | None, log_file: st
     folder = Path(tempfile.mkdtemp(prefix="hetplan-launch-"))
     write_yaml(config, folder / "rank-config.yaml")
     label = " (EMULATED device speeds)" if emulate else ""
-    with Progress(TextColumn(f"training {len(config['devices'])} ranks{label}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
+    with Progress(
+        TextColumn(f"training {len(config['devices'])} ranks{label}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    ) as bar:
         task = bar.add_task("steps", total=steps)
-        result = launch_local(folder / "rank-config.yaml", steps=steps, log=log_file, emulate=emulate, save=save,
-                              resume=resume, threads=threads,
-                              progress=lambda done, total: bar.update(task, completed=done))
+        result = launch_local(
+            folder / "rank-config.yaml",
+            steps=steps,
+            log=log_file,
+            emulate=emulate,
+            save=save,
+            resume=resume,
+            threads=threads,
+            progress=lambda done, total: bar.update(task, completed=done),
+        )
     losses = [r["loss"] for r in result.records if r["rank"] == 0]
-    iters = sorted(max(r["iteration_s"] for r in result.records if r["step"] == s)
-                   for s in {r["step"] for r in result.records})
+    iters = sorted(
+        max(r["iteration_s"] for r in result.records if r["step"] == s) for s in {r["step"] for r in result.records}
+    )
     median = iters[len(iters) // 2] if iters else float("nan")
-    console.print(f"trained {len(losses)} steps on {len(config['devices'])} ranks{label}: loss {losses[0]:.4f} -> "
-                  f"{losses[-1]:.4f}; median iteration {median * 1e3:.1f} ms "
-                  f"({loaded.global_batch / median:.1f} samples/s); predicted "
-                  f"{loaded.predicted.get('iteration_s', float('nan')) * 1e3:.1f} ms")
+    console.print(
+        f"trained {len(losses)} steps on {len(config['devices'])} ranks{label}: loss {losses[0]:.4f} -> "
+        f"{losses[-1]:.4f}; median iteration {median * 1e3:.1f} ms "
+        f"({loaded.global_batch / median:.1f} samples/s); predicted "
+        f"{loaded.predicted.get('iteration_s', float('nan')) * 1e3:.1f} ms"
+    )
     if log_file:
         console.print(f"run log: {log_file}")
 

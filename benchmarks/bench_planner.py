@@ -35,15 +35,22 @@ OPT350 = {"layers": 24, "hidden": 1024, "heads": 16, "seq": 2048, "vocab": 50272
 
 def _gpt(cluster, **config):
     catalog = load_catalog()
-    return analytic_profile("gpt", config or OPT350, devices=[catalog.get(t) for t in cluster.device_types],
-                            dtype="fp16")
+    return analytic_profile(
+        "gpt", config or OPT350, devices=[catalog.get(t) for t in cluster.device_types], dtype="fp16"
+    )
 
 
 def baseline_cases():
     """(case name, profile name, profile, cluster, global batch)."""
     cases = []
-    for name, batch in (("mixed-small", 64), ("mixed-a100-v100", 512), ("v100-t4", 256), ("rtx-mix", 256),
-                        ("a100-40-v100", 512), ("scale-a100-v100", 2048)):
+    for name, batch in (
+        ("mixed-small", 64),
+        ("mixed-a100-v100", 512),
+        ("v100-t4", 256),
+        ("rtx-mix", 256),
+        ("a100-40-v100", 512),
+        ("scale-a100-v100", 2048),
+    ):
         cluster = load_cluster(CLUSTERS / f"{name}.yaml")
         cases.append((name, "GPT-24 (OPT-350-like), analytic", _gpt(cluster), cluster, batch))
     if SHARED.is_dir():
@@ -55,8 +62,9 @@ def baseline_cases():
         catalog = load_catalog()
         v100_t4 = load_cluster(CLUSTERS / "v100-t4.yaml")
         for graph, batch_size in (("vgg16", None), ("gnmt", 64)):
-            imported = import_pipedream(SHARED / "pipedream" / f"{graph}.graph.txt", batch_size=batch_size,
-                                        drop_input_time=True)
+            imported = import_pipedream(
+                SHARED / "pipedream" / f"{graph}.graph.txt", batch_size=batch_size, drop_input_time=True
+            )
             profile = carry_times(imported, "V100-16GB", [catalog.get("T4")], catalog=catalog)
             cases.append(("v100-t4", f"PipeDream {graph} (V100 measured, T4 carried)", profile, v100_t4, 256))
     else:
@@ -96,8 +104,9 @@ def run_speed() -> None:
     for name, batch in (("mixed-a100-v100", 512), ("scale-a100-v100", 2048)):
         cluster = load_cluster(CLUSTERS / f"{name}.yaml")
         prof = _gpt(cluster)
-        search = _best_of(lambda c=cluster, p=prof, b=batch: plan_training(p, c, PlanOptions(global_batch=b,
-                                                                                            baselines=False)))
+        search = _best_of(
+            lambda c=cluster, p=prof, b=batch: plan_training(p, c, PlanOptions(global_batch=b, baselines=False))
+        )
         full = _best_of(lambda c=cluster, p=prof, b=batch: plan_training(p, c, PlanOptions(global_batch=b)))
         print(f"| {name} | {len(cluster.devices)} | {search:.2f} s | {full:.2f} s |")
     print("\nGrowth with blocks (GPT layers at sub-block granularity, scale-a100-v100, batch 2048, full planning):\n")
@@ -147,8 +156,9 @@ def run_optimality(count: int = 200, seed: int = 0) -> None:
         speed = {t: rng.uniform(1.0, 4.0) for t in types}
         out, params, batch = rng.choice([0.0, 1e7, 1e8]), rng.choice([0, 10_000_000]), rng.randint(1, 4)
         inter = rng.choice(["1GB/s", "10GB/s", "100Gbps"])
-        cluster = make_cluster([(n, list(d.items())) for n, d in sorted(nodes.items())], intra="50GB/s", inter=inter,
-                               inter_latency="10us")
+        cluster = make_cluster(
+            [(n, list(d.items())) for n, d in sorted(nodes.items())], intra="50GB/s", inter=inter, inter_latency="10us"
+        )
         while True:
             per_block = {t: [(f / speed[t], b / speed[t]) for f, b in base[:n_blocks]] for t in types}
             profile = make_profile(n_blocks, per_block=per_block, output_bytes=out, params=params)
@@ -157,18 +167,25 @@ def run_optimality(count: int = 200, seed: int = 0) -> None:
                 break
             n_blocks -= 1
         best, _ = brute_force.best_plan(profile, cluster, batch)
-        planned = plan_training(profile, cluster, PlanOptions(global_batch=batch, optimizer="sgd",
-                                                              micro_batch_sizes=(1,), baselines=False))
+        planned = plan_training(
+            profile, cluster, PlanOptions(global_batch=batch, optimizer="sgd", micro_batch_sizes=(1,), baselines=False)
+        )
         gaps.append(planned.sim.iteration_s / best - 1)
         sizes.append((n_devices, n_blocks, size))
-    print(f"instances: {count} (seed {seed}); devices 2-6 of 2-3 types on 1-3 nodes, blocks up to 12 "
-          "(shrunk until the exhaustive space is at most 2500 plans)")
-    print(f"exhaustive plans per instance: median {statistics.median(s[2] for s in sizes):.0f}, "
-          f"max {max(s[2] for s in sizes)}; instances with 6 devices: {sum(s[0] == 6 for s in sizes)}, "
-          f"with 12 blocks: {sum(s[1] == 12 for s in sizes)}")
-    print(f"planner / exhaustive - 1: max {max(gaps):+.4%}, mean {statistics.mean(gaps):+.4%}, "
-          f"within 1%: {sum(g <= 0.01 for g in gaps)}/{count}, better (refinement left the space): "
-          f"{sum(g < -1e-9 for g in gaps)}")
+    print(
+        f"instances: {count} (seed {seed}); devices 2-6 of 2-3 types on 1-3 nodes, blocks up to 12 "
+        "(shrunk until the exhaustive space is at most 2500 plans)"
+    )
+    print(
+        f"exhaustive plans per instance: median {statistics.median(s[2] for s in sizes):.0f}, "
+        f"max {max(s[2] for s in sizes)}; instances with 6 devices: {sum(s[0] == 6 for s in sizes)}, "
+        f"with 12 blocks: {sum(s[1] == 12 for s in sizes)}"
+    )
+    print(
+        f"planner / exhaustive - 1: max {max(gaps):+.4%}, mean {statistics.mean(gaps):+.4%}, "
+        f"within 1%: {sum(g <= 0.01 for g in gaps)}/{count}, better (refinement left the space): "
+        f"{sum(g < -1e-9 for g in gaps)}"
+    )
 
 
 if __name__ == "__main__":

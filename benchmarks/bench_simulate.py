@@ -49,8 +49,9 @@ def synthetic_profile() -> ModelProfile:
     """48 equal blocks (a GPT-like layer of hidden 1024, sequence 1024, fp16) timed on both types."""
     times = {
         "A100-40GB": {m: Timing(fwd=t, bwd=2 * t, source="estimated") for m, t in A100_FWD.items()},
-        "V100-16GB": {m: Timing(fwd=t * V100_SLOWER, bwd=2 * t * V100_SLOWER, source="estimated")
-                      for m, t in A100_FWD.items()},
+        "V100-16GB": {
+            m: Timing(fwd=t * V100_SLOWER, bwd=2 * t * V100_SLOWER, source="estimated") for m, t in A100_FWD.items()
+        },
     }
     blocks = [
         Block(
@@ -78,8 +79,7 @@ def make_plan(cluster: Cluster, n_pipelines: int, n_micro: int, placement: str) 
             node = cluster.nodes[i if placement == "node" else (i + s) % n_pipelines]
             stages.append(Stage(s * per, (s + 1) * per, (node.devices[s].address,), (1.0,)))
         pipelines.append(Pipeline(n_micro * MICRO_SIZE, (MICRO_SIZE,) * n_micro, tuple(stages)))
-    return Plan(global_batch=n_pipelines * n_micro * MICRO_SIZE, pipelines=pipelines, schedule="1f1b",
-                optimizer="adam")
+    return Plan(global_batch=n_pipelines * n_micro * MICRO_SIZE, pipelines=pipelines, schedule="1f1b", optimizer="adam")
 
 
 def best_of(repeat: int, plan: Plan, profile: ModelProfile, cluster: Cluster) -> tuple[float, int, float]:
@@ -116,18 +116,24 @@ def main() -> None:
 
     cases = [(512, 64)] if args.quick else [(d, 64) for d in (64, 128, 256, 512)] + [(512, m) for m in (8, 16, 32)]
     print(f"$ {shlex.join(['python', *sys.argv])}")
-    print(f"cluster {CLUSTER.name}, {N_BLOCKS} blocks, {N_STAGES} stages per pipeline, micro-batches of "
-          f"{MICRO_SIZE}, 1f1b, best of {args.repeat}")
-    header = f"{'placement':<9} {'devices':>7} {'micro':>5} {'tasks':>8} {'simulate (s)':>12} {'us/task':>8} " \
-             f"{'iteration (ms)':>14}"
+    print(
+        f"cluster {CLUSTER.name}, {N_BLOCKS} blocks, {N_STAGES} stages per pipeline, micro-batches of "
+        f"{MICRO_SIZE}, 1f1b, best of {args.repeat}"
+    )
+    header = (
+        f"{'placement':<9} {'devices':>7} {'micro':>5} {'tasks':>8} {'simulate (s)':>12} {'us/task':>8} "
+        f"{'iteration (ms)':>14}"
+    )
     print(header)
     print("-" * len(header))
     for placement in ("node", "spread"):
         for devices, micro in cases:
             plan = make_plan(cluster, devices // N_STAGES, micro, placement)
             seconds, tasks, iteration = best_of(args.repeat, plan, profile, cluster)
-            print(f"{placement:<9} {devices:>7} {micro:>5} {tasks:>8} {seconds:>12.3f} {seconds / tasks * 1e6:>8.2f} "
-                  f"{iteration * 1e3:>14.3f}")
+            print(
+                f"{placement:<9} {devices:>7} {micro:>5} {tasks:>8} {seconds:>12.3f} {seconds / tasks * 1e6:>8.2f} "
+                f"{iteration * 1e3:>14.3f}"
+            )
 
 
 if __name__ == "__main__":

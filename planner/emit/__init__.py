@@ -1,6 +1,6 @@
 """Emit launch files for a plan: the rank config every rank reads, a torchrun script per node, SLURM.
 
-    files = emit_launch(plan, profile, cluster, out_dir="launch/", master="node0.example:29500")
+files = emit_launch(plan, profile, cluster, out_dir="launch/", master="node0.example:29500")
 """
 
 from planner.emit.launch_files import emit_launch

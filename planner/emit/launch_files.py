@@ -20,18 +20,41 @@ from planner.errors import HetplanError
 __all__ = ["emit_launch", "torchrun_command"]
 
 
-def torchrun_command(*, nnodes: int, node_rank: int, nproc: int, endpoint: str, node: str, config: str,
-                     steps: int, log: str) -> str:
+def torchrun_command(
+    *, nnodes: int, node_rank: int, nproc: int, endpoint: str, node: str, config: str, steps: int, log: str
+) -> str:
     args = [
-        "torchrun", f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--nproc-per-node={nproc}",
-        "--rdzv-backend=static", f"--rdzv-endpoint={endpoint}",
-        "-m", "planner.runtime.worker", config, "--node", node, "--steps", str(steps), "--log", log,
+        "torchrun",
+        f"--nnodes={nnodes}",
+        f"--node-rank={node_rank}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=static",
+        f"--rdzv-endpoint={endpoint}",
+        "-m",
+        "planner.runtime.worker",
+        config,
+        "--node",
+        node,
+        "--steps",
+        str(steps),
+        "--log",
+        log,
     ]
     return " ".join(shlex.quote(a) for a in args)
 
 
-def emit_launch(plan: Plan, profile: ModelProfile, cluster: Cluster, out_dir: str | Path, *, master: str,
-                steps: int = 100, seed: int = 0, lr: float | None = None, backend: str = "nccl") -> list[Path]:
+def emit_launch(
+    plan: Plan,
+    profile: ModelProfile,
+    cluster: Cluster,
+    out_dir: str | Path,
+    *,
+    master: str,
+    steps: int = 100,
+    seed: int = 0,
+    lr: float | None = None,
+    backend: str = "nccl",
+) -> list[Path]:
     """Write the launch files for ``plan``; returns their paths."""
     if ":" not in master:
         raise HetplanError(f"expected HOST:PORT, got {master!r}", field="--master")
@@ -42,9 +65,16 @@ def emit_launch(plan: Plan, profile: ModelProfile, cluster: Cluster, out_dir: st
     written = [config_path]
     nodes = config["nodes"]
     for node_rank, node in enumerate(nodes):
-        command = torchrun_command(nnodes=len(nodes), node_rank=node_rank, nproc=len(node["devices"]),
-                                   endpoint=master, node=node["name"], config="rank-config.yaml", steps=steps,
-                                   log=f"run-{node['name']}.jsonl")
+        command = torchrun_command(
+            nnodes=len(nodes),
+            node_rank=node_rank,
+            nproc=len(node["devices"]),
+            endpoint=master,
+            node=node["name"],
+            config="rank-config.yaml",
+            steps=steps,
+            log=f"run-{node['name']}.jsonl",
+        )
         script = out / f"node-{node['name']}.sh"
         script.write_text(
             "#!/usr/bin/env bash\n"
@@ -63,7 +93,7 @@ def emit_launch(plan: Plan, profile: ModelProfile, cluster: Cluster, out_dir: st
         "#SBATCH --ntasks-per-node=1",
         f"# hetplan: one torchrun per node; the first node ({nodes[0]['name']}) serves the rendezvous at {host}.",
         "# Node names here are the cluster file's; map them to SLURM host names with --nodelist if they differ.",
-        'set -euo pipefail',
+        "set -euo pipefail",
         'cd "$(dirname "$0")"',
     ]
     for node in nodes:

@@ -41,16 +41,18 @@ def build_rank_config(
         if d.address not in used:
             continue
         program = compiled.programs[d.address]
-        devices.append({
-            "address": d.address,
-            "node": d.node,
-            "type": d.type.name,
-            "emulated_slowdown": d.type.slowdown if d.type.emulated else 1.0,
-            "pipeline": program.pipeline,
-            "stage": program.stage,
-            "blocks": [program.start, program.end],
-            "actions": program.render(),
-        })
+        devices.append(
+            {
+                "address": d.address,
+                "node": d.node,
+                "type": d.type.name,
+                "emulated_slowdown": d.type.slowdown if d.type.emulated else 1.0,
+                "pipeline": program.pipeline,
+                "stage": program.stage,
+                "blocks": [program.start, program.end],
+                "actions": program.render(),
+            }
+        )
     nodes = []
     for node in cluster.nodes:
         here = [d["address"] for d in devices if d["node"] == node.name]

@@ -31,15 +31,19 @@ def _scale(seconds: float, flops: float, nbytes: float, source: DeviceType, targ
     return scale_time(seconds, flops, nbytes, source, target, dtype, _SATURATED_WORK)
 
 
-def carry_times(profile: ModelProfile, source_name: str, targets: list[DeviceType], *,
-                catalog: Catalog | None = None) -> ModelProfile:
+def carry_times(
+    profile: ModelProfile, source_name: str, targets: list[DeviceType], *, catalog: Catalog | None = None
+) -> ModelProfile:
     """A copy of ``profile`` with times for ``targets`` estimated from those of ``source_name``."""
     from planner.contracts.catalog import load_catalog
 
     catalog = catalog or load_catalog()
     if source_name not in profile.device_types():
-        raise HetplanError(f"the profile has no times for {source_name!r} to carry (it has: "
-                           f"{', '.join(profile.device_types())})", file=profile.file, field="blocks[].time")
+        raise HetplanError(
+            f"the profile has no times for {source_name!r} to carry (it has: {', '.join(profile.device_types())})",
+            file=profile.file,
+            field="blocks[].time",
+        )
     source = catalog.get(source_name)
     blocks: list[Block] = []
     for block in profile.blocks:

@@ -73,12 +73,16 @@ def compare_with_analytic(measured: ModelProfile, family_model: Mapping[str, Any
     got = [b.name for b in measured.blocks]
     want = [c.name for c in costs]
     if got != want:
-        return [f"the blocks differ from the analytic {name} model: measured {len(got)} ({', '.join(got[:4])}, ...), "
-                f"analytic {len(want)} ({', '.join(want[:4])}, ...)"]
+        return [
+            f"the blocks differ from the analytic {name} model: measured {len(got)} ({', '.join(got[:4])}, ...), "
+            f"analytic {len(want)} ({', '.join(want[:4])}, ...)"
+        ]
     lines = []
     for attr, label, unit in QUANTITIES:
-        pairs = [(b.name, float(getattr(b, attr)), float(getattr(c, attr))) for b, c in zip(measured.blocks, costs,
-                                                                                             strict=True)]
+        pairs = [
+            (b.name, float(getattr(b, attr)), float(getattr(c, attr)))
+            for b, c in zip(measured.blocks, costs, strict=True)
+        ]
         off = [(n, m, a) for n, m, a in pairs if _differs(m, a)]
         if not off:
             continue

@@ -108,8 +108,9 @@ def _resolve_device(device: str) -> torch.device:
         raise HetplanError(f"expected a device such as 'cpu' or 'cuda', got {device!r}", field="--device") from exc
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise HetplanError("CUDA was asked for but torch sees no CUDA device here; use --device cpu",
-                               field="--device")
+            raise HetplanError(
+                "CUDA was asked for but torch sees no CUDA device here; use --device cpu", field="--device"
+            )
         index = dev.index if dev.index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
             raise HetplanError(f"no CUDA device {index} (torch sees {torch.cuda.device_count()})", field="--device")
@@ -403,6 +404,13 @@ def measure_profile(
                     raise HetplanError(
                         f"out of memory in block {names[i]} at micro-batch {m}; measure smaller sizes",
                         field="--micro-batches",
+                    ) from exc
+                except (ValueError, RuntimeError) as exc:
+                    # e.g. BatchNorm in training mode with one value per channel (micro-batch 1 on a
+                    # 1x1 feature map), or the CPU allocator running out of memory
+                    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise HetplanError(
+                        f"block {names[i]} failed at micro-batch {m}: {reason}", field="--micro-batches"
                     ) from exc
                 done += 1
                 if progress is not None:

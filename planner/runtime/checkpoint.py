@@ -21,14 +21,24 @@ def _path(folder: Path, index: int) -> Path:
     return folder / f"block-{index:04d}.pt"
 
 
-def save_blocks(folder: str | Path, blocks: dict[int, torch.nn.Module], optimizer: torch.optim.Optimizer,
-                *, step: int, names: list[str]) -> None:
+def save_blocks(
+    folder: str | Path,
+    blocks: dict[int, torch.nn.Module],
+    optimizer: torch.optim.Optimizer,
+    *,
+    step: int,
+    names: list[str],
+) -> None:
     target = Path(folder)
     target.mkdir(parents=True, exist_ok=True)
     for index, block in blocks.items():
         states = [_to_cpu(optimizer.state.get(p, {})) for p in block.parameters()]
-        payload = {"name": names[index], "step": step, "params": {k: v.detach().cpu() for k, v in
-                                                                  block.state_dict().items()}, "optimizer": states}
+        payload = {
+            "name": names[index],
+            "step": step,
+            "params": {k: v.detach().cpu() for k, v in block.state_dict().items()},
+            "optimizer": states,
+        }
         tmp = _path(target, index).with_suffix(".tmp")
         torch.save(payload, tmp)
         tmp.replace(_path(target, index))
@@ -38,8 +48,9 @@ def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
     return {k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in state.items()}
 
 
-def load_blocks(folder: str | Path, blocks: dict[int, torch.nn.Module], optimizer: torch.optim.Optimizer,
-                *, names: list[str]) -> int:
+def load_blocks(
+    folder: str | Path, blocks: dict[int, torch.nn.Module], optimizer: torch.optim.Optimizer, *, names: list[str]
+) -> int:
     """Load every held block's parameters and optimizer state; returns the step to continue from."""
     source = Path(folder)
     step = 0
@@ -49,13 +60,13 @@ def load_blocks(folder: str | Path, blocks: dict[int, torch.nn.Module], optimize
             raise HetplanError(f"no checkpoint for block {index} ({names[index]})", file=str(path))
         payload = torch.load(path, map_location="cpu", weights_only=False)
         if payload["name"] != names[index]:
-            raise HetplanError(f"checkpoint holds block {payload['name']!r}, expected {names[index]!r}",
-                               file=str(path))
+            raise HetplanError(f"checkpoint holds block {payload['name']!r}, expected {names[index]!r}", file=str(path))
         device = next(block.parameters()).device if any(True for _ in block.parameters()) else torch.device("cpu")
         block.load_state_dict({k: v.to(device) for k, v in payload["params"].items()})
         for p, state in zip(block.parameters(), payload["optimizer"], strict=True):
             if state:
-                optimizer.state[p] = {k: (v.to(device) if torch.is_tensor(v) and v.dim() > 0 else v)
-                                      for k, v in state.items()}
+                optimizer.state[p] = {
+                    k: (v.to(device) if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in state.items()
+                }
         step = payload["step"]
     return step

@@ -67,14 +67,17 @@ def load_rank_config(path: str | Path) -> RuntimeConfig:
     backend = t.str("backend", choices=("gloo", "nccl"))
     timeout_s = t.number("timeout_s", positive=True)
     t.done()
-    plan = parse_plan({
-        "schema": PLAN_SCHEMA,
-        "inputs": {"profile": {"path": "-"}, "cluster": {"path": "-"}},
-        "global_batch": global_batch,
-        "schedule": schedule,
-        "optimizer": optimizer,
-        "pipelines": f.raw("pipelines"),
-    }, file=str(path))
+    plan = parse_plan(
+        {
+            "schema": PLAN_SCHEMA,
+            "inputs": {"profile": {"path": "-"}, "cluster": {"path": "-"}},
+            "global_batch": global_batch,
+            "schedule": schedule,
+            "optimizer": optimizer,
+            "pipelines": f.raw("pipelines"),
+        },
+        file=str(path),
+    )
     f.integer("world_size", minimum=1)
     nodes: dict[str, list[str]] = {}
     for n in f.list("nodes"):
@@ -84,9 +87,15 @@ def load_rank_config(path: str | Path) -> RuntimeConfig:
     for d in f.list("devices"):
         blocks = d.list("blocks")
         entry = DeviceEntry(
-            address=d.str("address"), node=d.str("node"), type=d.str("type"),
-            emulated_slowdown=d.number("emulated_slowdown", minimum=1.0), pipeline=d.integer("pipeline", minimum=0),
-            stage=d.integer("stage", minimum=0), start=int(blocks[0]), end=int(blocks[1]), actions=d.str("actions"),
+            address=d.str("address"),
+            node=d.str("node"),
+            type=d.str("type"),
+            emulated_slowdown=d.number("emulated_slowdown", minimum=1.0),
+            pipeline=d.integer("pipeline", minimum=0),
+            stage=d.integer("stage", minimum=0),
+            start=int(blocks[0]),
+            end=int(blocks[1]),
+            actions=d.str("actions"),
         )
         d.done()
         devices[entry.address] = entry
@@ -95,7 +104,18 @@ def load_rank_config(path: str | Path) -> RuntimeConfig:
     if not devices:
         raise HetplanError("no devices", file=str(path), field="devices")
     return RuntimeConfig(
-        model=model, n_blocks=n_blocks, plan=plan, global_batch=global_batch, schedule=schedule,
-        optimizer=optimizer, lr=lr, seed=seed, backend=backend, timeout_s=timeout_s, devices=devices, nodes=nodes,
-        predicted_iteration_s=predicted.get("iteration_s"), file=str(path),
+        model=model,
+        n_blocks=n_blocks,
+        plan=plan,
+        global_batch=global_batch,
+        schedule=schedule,
+        optimizer=optimizer,
+        lr=lr,
+        seed=seed,
+        backend=backend,
+        timeout_s=timeout_s,
+        devices=devices,
+        nodes=nodes,
+        predicted_iteration_s=predicted.get("iteration_s"),
+        file=str(path),
     )

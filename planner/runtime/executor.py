@@ -50,8 +50,16 @@ def _io_shapes(zoo, seed: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
 class RankExecutor:
     """One device's part of a plan: its blocks, optimizer, peers, process groups and actions."""
 
-    def __init__(self, config: RuntimeConfig, compiled: CompiledPlan, address: str, rank_of: dict[str, int],
-                 device: torch.device, *, emulate: bool) -> None:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        compiled: CompiledPlan,
+        address: str,
+        rank_of: dict[str, int],
+        device: torch.device,
+        *,
+        emulate: bool,
+    ) -> None:
         self.config = config
         self.address = address
         self.rank_of = rank_of
@@ -60,15 +68,17 @@ class RankExecutor:
         self.actions: list[Action] = self.program.actions
         self.zoo = resolve_model(config.model)
         self.names = self.zoo.block_names()
-        self.block_list = [b.to(device) for b in self.zoo.build_blocks(self.program.start, self.program.end,
-                                                                         config.seed)]
+        self.block_list = [
+            b.to(device) for b in self.zoo.build_blocks(self.program.start, self.program.end, config.seed)
+        ]
         self.blocks = {self.program.start + i: b for i, b in enumerate(self.block_list)}
         params = [p for b in self.block_list for p in b.parameters()]
         self.optimizer = make_optimizer(config.optimizer, params, config.lr)
         shapes = _io_shapes(self.zoo, config.seed)
         start = self.program.start
-        self.in_shape, self.in_dtype = (self.zoo.sample_shape(), self.zoo.input_dtype()) if start == 0 \
-            else shapes[start - 1]
+        self.in_shape, self.in_dtype = (
+            (self.zoo.sample_shape(), self.zoo.input_dtype()) if start == 0 else shapes[start - 1]
+        )
         self.out_shape, self.out_dtype = shapes[self.program.end - 1]
         self.first = start == 0
         self.last = self.program.end == config.n_blocks
@@ -132,13 +142,12 @@ class RankExecutor:
                     shape, dtype = (self.out_shape, self.out_dtype) if grad else (self.in_shape, self.in_dtype)
                     table[micro] = torch.empty((count, *shape), dtype=dtype, device=self.device)
                 lo = a.lo - self.program.offsets[micro]
-                buf = torch.empty((a.hi - a.lo, *table[micro].shape[1:]), dtype=table[micro].dtype,
-                                  device=self.device)
+                buf = torch.empty((a.hi - a.lo, *table[micro].shape[1:]), dtype=table[micro].dtype, device=self.device)
                 t0 = time.perf_counter()
                 work = dist.irecv(buf, src=self.rank_of[a.peer], tag=tag_of(micro, grad))
                 wait(work, timeout_s=timeout, what=where(a))
                 stats.wait_s += time.perf_counter() - t0
-                table[micro][lo:lo + (a.hi - a.lo)] = buf
+                table[micro][lo : lo + (a.hi - a.lo)] = buf
             elif kind is Kind.FORWARD:
                 micro = a.micro
                 lo, hi = self._samples(micro)
@@ -162,7 +171,7 @@ class RankExecutor:
                 micro = a.micro
                 source = x_in[micro].grad if grad else y_out[micro]
                 lo = a.lo - self.program.offsets[micro]
-                piece = source[lo:lo + (a.hi - a.lo)].detach().contiguous()
+                piece = source[lo : lo + (a.hi - a.lo)].detach().contiguous()
                 work = dist.isend(piece, dst=self.rank_of[a.peer], tag=tag_of(micro, grad))
                 pending.append((work, where(a), piece))
             elif kind is Kind.BACKWARD:
@@ -190,7 +199,7 @@ class RankExecutor:
                 offset = 0
                 for p, g in zip(params, grads, strict=True):
                     n = g.numel()
-                    p.grad = flat[offset:offset + n].view_as(g).clone()
+                    p.grad = flat[offset : offset + n].view_as(g).clone()
                     offset += n
             elif kind is Kind.STEP:
                 t0 = time.perf_counter()
@@ -203,9 +212,11 @@ class RankExecutor:
         # the mean loss over the global batch, the same on every rank
         total = torch.tensor([stats.loss_sum], dtype=torch.float64)
         work = dist.all_reduce(total, async_op=True)
-        wait(work, timeout_s=timeout, what=f"rank {dist.get_rank()} ({self.address}) step {step}: waiting on the loss all-reduce")
+        wait(
+            work,
+            timeout_s=timeout,
+            what=f"rank {dist.get_rank()} ({self.address}) step {step}: waiting on the loss all-reduce",
+        )
         stats.loss_sum = float(total[0]) / cfg.global_batch
         stats.iteration_s = time.perf_counter() - begin
         return stats
-
-

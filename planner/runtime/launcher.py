@@ -65,7 +65,7 @@ def _last_error(path: Path) -> str:
     except OSError:
         return ""
     errors = [ln for ln in lines if ln.startswith("error: ")]
-    return errors[-1][len("error: "):] if errors else (lines[-1] if lines else "")
+    return errors[-1][len("error: ") :] if errors else (lines[-1] if lines else "")
 
 
 def launch_local(
@@ -88,16 +88,36 @@ def launch_local(
     port = _free_port()
     root = Path(__file__).resolve().parents[2]
     env_base = dict(os.environ)
-    env_base.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
-                     "LOCAL_RANK": "0", "OMP_NUM_THREADS": str(threads),
-                     "PYTHONPATH": os.pathsep.join([str(root), env_base.get("PYTHONPATH", "")]).rstrip(os.pathsep)})
+    env_base.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": "0",
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONPATH": os.pathsep.join([str(root), env_base.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        }
+    )
     procs: list[subprocess.Popen] = []
     start = time.time()
     for rank, address in enumerate(addresses):
         env = dict(env_base, RANK=str(rank))
-        cmd = [sys.executable, "-m", "planner.runtime.worker", str(config_path), "--device", address,
-               "--steps", str(steps), "--log", str(work / f"rank-{rank}.jsonl"), "--backend", "gloo",
-               "--threads", str(threads)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "planner.runtime.worker",
+            str(config_path),
+            "--device",
+            address,
+            "--steps",
+            str(steps),
+            "--log",
+            str(work / f"rank-{rank}.jsonl"),
+            "--backend",
+            "gloo",
+            "--threads",
+            str(threads),
+        ]
         if emulate:
             cmd.append("--emulate")
         if save:
@@ -105,8 +125,7 @@ def launch_local(
         if resume:
             cmd += ["--resume", str(resume)]
         stderr = open(work / f"rank-{rank}.err", "w", encoding="utf-8")  # noqa: SIM115 - the child owns it
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-                                      start_new_session=True))
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True))
         stderr.close()
     stall_limit = config.timeout_s + 30.0
     last_progress, last_count = time.time(), -1
@@ -130,9 +149,11 @@ def launch_local(
             if failed_at is not None and (time.time() - failed_at > GRACE_S or all(c is not None for c in codes)):
                 raise HetplanError(_failure_message(procs, codes, addresses, work, steps))
             if time.time() - last_progress > stall_limit:
-                raise HetplanError(f"no step finished for {stall_limit:.0f} s; stopped every rank "
-                                   f"(last step logged: {last_count - 1}); " +
-                                   _failure_message(procs, [p.poll() for p in procs], addresses, work, steps))
+                raise HetplanError(
+                    f"no step finished for {stall_limit:.0f} s; stopped every rank "
+                    f"(last step logged: {last_count - 1}); "
+                    + _failure_message(procs, [p.poll() for p in procs], addresses, work, steps)
+                )
             time.sleep(0.1)
     finally:
         _kill(procs)

@@ -13,9 +13,17 @@ from planner.runtime.optim import make_optimizer
 __all__ = ["train_reference"]
 
 
-def train_reference(model: dict, *, global_batch: int, optimizer: str, lr: float, seed: int, steps: int,
-                    start_step: int = 0, blocks: list[torch.nn.Module] | None = None,
-                    ) -> tuple[list[float], list[torch.nn.Module]]:
+def train_reference(
+    model: dict,
+    *,
+    global_batch: int,
+    optimizer: str,
+    lr: float,
+    seed: int,
+    steps: int,
+    start_step: int = 0,
+    blocks: list[torch.nn.Module] | None = None,
+) -> tuple[list[float], list[torch.nn.Module]]:
     """Losses (mean over the global batch) per step, and the trained blocks."""
     zoo = resolve_model(model)
     blocks = blocks or zoo.build_blocks(0, zoo.n_blocks, seed)

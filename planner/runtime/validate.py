@@ -39,8 +39,10 @@ def validate_programs(actions: dict[str, list[Action]]) -> None:
         if sends[key] != recvs[key]:
             src, dst, grad, micro, lo, hi = key
             what = "gradients" if grad else "activations"
-            raise HetplanError(f"{src} -> {dst}: {sends[key]} send(s) but {recvs[key]} receive(s) of {what} of "
-                               f"micro-batch {micro} samples [{lo}, {hi})")
+            raise HetplanError(
+                f"{src} -> {dst}: {sends[key]} send(s) but {recvs[key]} receive(s) of {what} of "
+                f"micro-batch {micro} samples [{lo}, {hi})"
+            )
     # abstract run: sends post a message, receives block until it is there, collectives need every member
     position = dict.fromkeys(actions, 0)
     posted: Counter = Counter()
@@ -74,8 +76,11 @@ def validate_programs(actions: dict[str, list[Action]]) -> None:
             if arrived == members[group]:
                 for device in arrived:
                     acts = actions[device]
-                    if position[device] < len(acts) and acts[position[device]].kind is Kind.ALLREDUCE \
-                            and acts[position[device]].group == group:
+                    if (
+                        position[device] < len(acts)
+                        and acts[position[device]].kind is Kind.ALLREDUCE
+                        and acts[position[device]].group == group
+                    ):
                         position[device] += 1
                         progressed = True
         if all(position[d] == len(a) for d, a in actions.items()):

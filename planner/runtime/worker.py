@@ -49,16 +49,17 @@ def run(args: argparse.Namespace) -> None:
         try:
             address = config.nodes[args.node][local]
         except (KeyError, IndexError):
-            raise HetplanError(f"node {args.node!r} has no device for LOCAL_RANK {local} in the rank config",
-                               file=config.file, field="nodes") from None
+            raise HetplanError(
+                f"node {args.node!r} has no device for LOCAL_RANK {local} in the rank config",
+                file=config.file,
+                field="nodes",
+            ) from None
     if address not in config.devices:
         raise HetplanError(f"device {address} is not in the plan", file=config.file, field="devices")
     backend = args.backend or config.backend
     if backend == "nccl" and not torch.cuda.is_available():
-        raise HetplanError("backend nccl needs CUDA, and this machine has none; use --backend gloo",
-                           field="--backend")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if backend == "nccl" \
-        else torch.device("cpu")
+        raise HetplanError("backend nccl needs CUDA, and this machine has none; use --backend gloo", field="--backend")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.set_num_threads(args.threads)
@@ -68,15 +69,22 @@ def run(args: argparse.Namespace) -> None:
     dist.all_gather_object(addresses, address)
     missing = sorted(set(config.devices) - set(addresses))
     if missing or len(set(addresses)) != len(addresses):
-        raise HetplanError(f"ranks joined as {addresses}; the plan needs each of {sorted(config.devices)} once"
-                           + (f" (missing {missing})" if missing else ""), file=config.file, field="devices")
+        raise HetplanError(
+            f"ranks joined as {addresses}; the plan needs each of {sorted(config.devices)} once"
+            + (f" (missing {missing})" if missing else ""),
+            file=config.file,
+            field="devices",
+        )
     rank_of = {a: r for r, a in enumerate(addresses)}
     compiled = compile_plan(config.plan, config.n_blocks)
     validate_programs({a: p.actions for a, p in compiled.programs.items()})
     mine = compiled.programs[address].render()
     if mine != config.devices[address].actions:
-        raise HetplanError(f"the action list of {address} differs from the one emitted (another hetplan version?)",
-                           file=config.file, field=f"devices[{address}].actions")
+        raise HetplanError(
+            f"the action list of {address} differs from the one emitted (another hetplan version?)",
+            file=config.file,
+            field=f"devices[{address}].actions",
+        )
     executor = RankExecutor(config, compiled, address, rank_of, device, emulate=args.emulate)
     start_step = 0
     if args.resume:
@@ -90,10 +98,18 @@ def run(args: argparse.Namespace) -> None:
             except RankFailureError as exc:
                 raise RankFailureError(str(exc)) from None
             record = {
-                "schema": RUNLOG_SCHEMA, "step": step, "rank": rank, "pipeline": entry.pipeline,
-                "stage": entry.stage, "device": address, "iteration_s": stats.iteration_s,
-                "compute_s": stats.compute_s, "wait_s": stats.wait_s, "comm_s": stats.comm_s,
-                "loss": stats.loss_sum, "peak_memory_bytes": _peak_memory(device),
+                "schema": RUNLOG_SCHEMA,
+                "step": step,
+                "rank": rank,
+                "pipeline": entry.pipeline,
+                "stage": entry.stage,
+                "device": address,
+                "iteration_s": stats.iteration_s,
+                "compute_s": stats.compute_s,
+                "wait_s": stats.wait_s,
+                "comm_s": stats.comm_s,
+                "loss": stats.loss_sum,
+                "peak_memory_bytes": _peak_memory(device),
             }
             if executor.slowdown > 1.0:
                 record["emulated_slowdown"] = executor.slowdown
@@ -102,8 +118,7 @@ def run(args: argparse.Namespace) -> None:
                 log.flush()
         if args.save:
             dist.barrier()
-            owned = {i: b for i, b in executor.blocks.items()
-                     if min(rank_of[a] for a in _holders(compiled, i)) == rank}
+            owned = {i: b for i, b in executor.blocks.items() if min(rank_of[a] for a in _holders(compiled, i)) == rank}
             save_blocks(args.save, owned, executor.optimizer, step=start_step + args.steps, names=executor.names)
             dist.barrier()
     finally:

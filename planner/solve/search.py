@@ -123,7 +123,12 @@ class _Search:
         if key not in self.cache:
             links = [_slowest_link(self.cluster, a, b) for a, b in itertools.pairwise(slots)]
             self.cache[key] = partition(
-                self.tables, list(slots), m=m, n_micro=held, schedule=self.opts.schedule, links=links,
+                self.tables,
+                list(slots),
+                m=m,
+                n_micro=held,
+                schedule=self.opts.schedule,
+                links=links,
                 objective_micro=n_micro,
             )
         return self.cache[key]

@@ -32,9 +32,15 @@ def report_rows(records: list[StepRecord], plan: Plan, *, skip_steps: int = 1) -
             per_step[r.step] = max(per_step.get(r.step, 0.0), r.compute_s)
         measured = statistics.median(per_step.values()) if per_step else None
         want = entry["fwd_s"] + entry["bwd_s"]
-        stages.append({"pipeline": key[0], "stage": key[1], "measured_compute_s": measured,
-                       "predicted_compute_s": want,
-                       "error": (measured / want - 1) if measured and want else None})
+        stages.append(
+            {
+                "pipeline": key[0],
+                "stage": key[1],
+                "measured_compute_s": measured,
+                "predicted_compute_s": want,
+                "error": (measured / want - 1) if measured and want else None,
+            }
+        )
     iteration_by_step: dict[int, float] = {}
     for r in kept:
         iteration_by_step[r.step] = max(iteration_by_step.get(r.step, 0.0), r.iteration_s)
@@ -69,10 +75,18 @@ def report_renderables(rows: dict[str, Any]) -> list[Any]:
         return f"{v:+.1%}" if v is not None else "-"
 
     for s in rows["stages"]:
-        table.add_row(f"pipeline {s['pipeline']} stage {s['stage']} compute", fmt(s["measured_compute_s"]),
-                      fmt(s["predicted_compute_s"]), err(s["error"]))
-    table.add_row(Text("iteration", style="bold"), fmt(rows["measured_iteration_s"]),
-                  fmt(rows["predicted_iteration_s"]), err(rows["iteration_error"]))
+        table.add_row(
+            f"pipeline {s['pipeline']} stage {s['stage']} compute",
+            fmt(s["measured_compute_s"]),
+            fmt(s["predicted_compute_s"]),
+            err(s["error"]),
+        )
+    table.add_row(
+        Text("iteration", style="bold"),
+        fmt(rows["measured_iteration_s"]),
+        fmt(rows["predicted_iteration_s"]),
+        err(rows["iteration_error"]),
+    )
     out.append(table)
     if rows["first_loss"] is not None:
         out.append(Text(f"loss {rows['first_loss']:.4f} -> {rows['last_loss']:.4f} over {rows['steps']} steps"))

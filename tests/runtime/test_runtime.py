@@ -27,8 +27,19 @@ STEPS = 3
 
 def _profile(model: dict) -> ModelProfile:
     zoo = resolve_model(model)
-    blocks = [Block(name=n, kind="zoo", params=0, param_bytes=0.0, activation_bytes=0.0, output_bytes=0.0,
-                    flops_fwd=0.0, times={"cpu": {1: Timing(1.0, 1.0)}}) for n in zoo.block_names()]
+    blocks = [
+        Block(
+            name=n,
+            kind="zoo",
+            params=0,
+            param_bytes=0.0,
+            activation_bytes=0.0,
+            output_bytes=0.0,
+            flops_fwd=0.0,
+            times={"cpu": {1: Timing(1.0, 1.0)}},
+        )
+        for n in zoo.block_names()
+    ]
     return ModelProfile(model=zoo.model, dtype="fp32", blocks=blocks)
 
 
@@ -47,8 +58,14 @@ def _run(tmp_path, plan: Plan, model: dict = GPT, *, steps: int = STEPS, lr: flo
 
 def _check_against_reference(tmp_path, plan: Plan, model: dict = GPT) -> None:
     result, config = _run(tmp_path, plan, model, save=tmp_path / "ckpt")
-    losses, blocks = train_reference(model, global_batch=plan.global_batch, optimizer=plan.optimizer,
-                                     lr=config["training"]["lr"], seed=7, steps=STEPS)
+    losses, blocks = train_reference(
+        model,
+        global_batch=plan.global_batch,
+        optimizer=plan.optimizer,
+        lr=config["training"]["lr"],
+        seed=7,
+        steps=STEPS,
+    )
     measured = [r["loss"] for r in result.records if r["rank"] == 0]
     assert measured == pytest.approx(losses, abs=1e-5)
     for i, block in enumerate(blocks):
@@ -58,8 +75,9 @@ def _check_against_reference(tmp_path, plan: Plan, model: dict = GPT) -> None:
 
 
 def _plan(pipelines: list[Pipeline], *, schedule: str = "1f1b", optimizer: str = "sgd") -> Plan:
-    return Plan(global_batch=sum(p.batch for p in pipelines), pipelines=pipelines, schedule=schedule,
-                optimizer=optimizer)
+    return Plan(
+        global_batch=sum(p.batch for p in pipelines), pipelines=pipelines, schedule=schedule, optimizer=optimizer
+    )
 
 
 def test_one_stage(tmp_path) -> None:
@@ -82,17 +100,21 @@ def test_replicated_stage_with_resharding(tmp_path) -> None:
 
 
 def test_pipelines_cut_differently_with_unequal_shares(tmp_path) -> None:
-    plan = _plan([
-        Pipeline(5, (1, 2, 2), (_stage(0, 2, "n0/0"), _stage(2, 6, "n0/1"))),
-        Pipeline(3, (3,), (_stage(0, 4, "n0/2"), _stage(4, 6, "n0/3"))),
-    ])
+    plan = _plan(
+        [
+            Pipeline(5, (1, 2, 2), (_stage(0, 2, "n0/0"), _stage(2, 6, "n0/1"))),
+            Pipeline(3, (3,), (_stage(0, 4, "n0/2"), _stage(4, 6, "n0/3"))),
+        ]
+    )
     _check_against_reference(tmp_path, plan)
 
 
 def test_checkpoint_resumes_under_a_different_plan(tmp_path) -> None:
     first = _plan([Pipeline(8, (4, 4), (_stage(0, 3, "n0/0"), _stage(3, 6, "n0/1")))], optimizer="adam")
-    second = _plan([Pipeline(4, (2, 2), (_stage(0, 5, "n0/0"), _stage(5, 6, "n0/1"))),
-                    Pipeline(4, (4,), (_stage(0, 6, "n0/2"),))], optimizer="adam")
+    second = _plan(
+        [Pipeline(4, (2, 2), (_stage(0, 5, "n0/0"), _stage(5, 6, "n0/1"))), Pipeline(4, (4,), (_stage(0, 6, "n0/2"),))],
+        optimizer="adam",
+    )
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     _run(tmp_path / "a", first, steps=2, save=tmp_path / "ckpt")
@@ -118,6 +140,6 @@ def test_the_validator_refuses_a_schedule_that_would_deadlock() -> None:
     # swap the receive and the forward of micro-batch 0 on the second stage: it can never start
     acts = programs["n0/1"]
     recv = next(i for i, a in enumerate(acts) if a.kind.value == "RA")
-    programs["n0/1"] = [acts[recv + 1], acts[recv], *acts[recv + 2:]]
+    programs["n0/1"] = [acts[recv + 1], acts[recv], *acts[recv + 2 :]]
     with pytest.raises(HetplanError, match="backward|deadlock|before"):
         validate_programs({**programs, "n0/1": list(reversed(programs["n0/1"]))})

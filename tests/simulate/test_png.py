@@ -44,10 +44,14 @@ def _decode(data: bytes) -> tuple[dict[bytes, bytes], np.ndarray]:
 def _result():
     profile = make_profile(4, times={A100: (0.01, 0.02)}, params=1_000_000, output_bytes=1e6)
     cluster = make_cluster([("n0", [(A100, 2)]), ("n1", [(A100, 2)])], inter="10GB/s")
-    plan = Plan(global_batch=8, pipelines=[
-        Pipeline(4, (2, 2), (Stage(0, 2, ("n0/0",), (1.0,)), Stage(2, 4, ("n1/0",), (1.0,)))),
-        Pipeline(4, (2, 2), (Stage(0, 2, ("n0/1",), (1.0,)), Stage(2, 4, ("n1/1",), (1.0,)))),
-    ], optimizer="sgd")
+    plan = Plan(
+        global_batch=8,
+        pipelines=[
+            Pipeline(4, (2, 2), (Stage(0, 2, ("n0/0",), (1.0,)), Stage(2, 4, ("n1/0",), (1.0,)))),
+            Pipeline(4, (2, 2), (Stage(0, 2, ("n0/1",), (1.0,)), Stage(2, 4, ("n1/1",), (1.0,)))),
+        ],
+        optimizer="sgd",
+    )
     return simulate(plan, profile, cluster, timeline=True)
 
 
@@ -76,7 +80,7 @@ def test_text_is_drawn_and_the_picture_is_deterministic() -> None:
     png = render_png(result, title="T")
     assert png == render_png(result, title="T")
     _, pixels = _decode(png)
-    label_band = pixels[50:50 + 22, :224]  # the first row's label, right-aligned before the plot
+    label_band = pixels[50 : 50 + 22, :224]  # the first row's label, right-aligned before the plot
     assert (label_band == 0).all(axis=2).any()  # black text pixels
     legend = pixels[-16:, 230:]
     for colour in COLOURS.values():

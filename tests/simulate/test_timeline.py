@@ -20,10 +20,14 @@ def _result(timeline: bool = True):
     """Two pipelines of two stages over two nodes: forwards, backwards, transfers, all-reduces, steps."""
     profile = make_profile(4, times={A100: (0.01, 0.02), V100: (0.02, 0.04)}, params=1_000_000, output_bytes=1e6)
     cluster = make_cluster([("n0", [(A100, 2)]), ("n1", [(V100, 2)])], inter="10GB/s", inter_latency="10us")
-    plan = Plan(global_batch=8, pipelines=[
-        Pipeline(4, (1, 1, 2), (Stage(0, 2, ("n0/0",), (1.0,)), Stage(2, 4, ("n1/0",), (1.0,)))),
-        Pipeline(4, (2, 2), (Stage(0, 2, ("n1/1",), (1.0,)), Stage(2, 4, ("n0/1",), (1.0,)))),
-    ], optimizer="adam")
+    plan = Plan(
+        global_batch=8,
+        pipelines=[
+            Pipeline(4, (1, 1, 2), (Stage(0, 2, ("n0/0",), (1.0,)), Stage(2, 4, ("n1/0",), (1.0,)))),
+            Pipeline(4, (2, 2), (Stage(0, 2, ("n1/1",), (1.0,)), Stage(2, 4, ("n0/1",), (1.0,)))),
+        ],
+        optimizer="adam",
+    )
     return simulate(plan, profile, cluster, timeline=timeline)
 
 

@@ -1,0 +1,60 @@
+"""User model factories for the tests, referenced as ``user_models:NAME`` (tests/models on sys.path)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+NOT_CALLABLE = 3
+
+
+def build(width: int = 16, input: int = 8, classes: int = 4) -> nn.Sequential:
+    """Three named blocks: fc1 (Linear + ReLU), fc2 (Linear + ReLU), out (Linear -> logits)."""
+    return nn.Sequential(
+        OrderedDict(
+            fc1=nn.Sequential(nn.Linear(input, width), nn.ReLU()),
+            fc2=nn.Sequential(nn.Linear(width, width), nn.ReLU()),
+            out=nn.Linear(width, classes),
+        )
+    )
+
+
+def build_list(width: int = 16) -> list[nn.Module]:
+    """A plain list of blocks with a regression output ``[B, 1]``."""
+    return [nn.Linear(8, width), nn.Tanh(), nn.Linear(width, 1)]
+
+
+def build_conv(channels: int = 4) -> nn.Sequential:
+    """Images ``[3, 8, 8]`` -> a feature map (regression to a fixed pattern)."""
+    return nn.Sequential(nn.Conv2d(3, channels, 3, padding=1), nn.ReLU(), nn.Conv2d(channels, 2, 3, padding=1))
+
+
+def not_modules() -> str:
+    return "not a model"
+
+
+def list_with_a_number() -> list[object]:
+    return [nn.Linear(8, 8), 3]
+
+
+def empty() -> list[nn.Module]:
+    return []
+
+
+def broken() -> nn.Sequential:
+    raise RuntimeError("the factory itself is broken")
+
+
+class TwoOutputs(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, x
+
+
+def returns_tuple() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(8, 8), TwoOutputs(), nn.Linear(8, 2))
+
+
+def do_not_chain() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(8, 16), nn.Linear(8, 2))
