@@ -27,7 +27,7 @@ from torch import nn
 
 from planner.errors import HetplanError
 
-__all__ = ["FEATURES", "ClassificationTask", "ZooModel", "derive_seed", "sample_generator"]
+__all__ = ["FEATURES", "ClassificationTask", "ZooModel", "derive_seed", "sample_generator", "uninitialised"]
 
 #: The classification teacher looks at this many averaged input features (a fixed linear map).
 FEATURES = 256
@@ -42,6 +42,16 @@ def derive_seed(*parts: object) -> int:
 def sample_generator(seed: int, step: int, index: int, stream: str = "sample") -> torch.Generator:
     """A CPU generator for sample ``index`` of step ``step`` (independent of the batch size)."""
     return torch.Generator().manual_seed(derive_seed(stream, seed, step, index))
+
+
+def uninitialised(module_cls: type[nn.Module], *args: Any, **kwargs: Any) -> nn.Module:
+    """``module_cls(*args, **kwargs)`` with its parameters left uninitialised, for a layer whose
+    weights the caller draws itself (once, instead of twice: fc6 of VGG has 103M of them).
+
+    Like ``torch.nn.utils.skip_init``, but made on the current default device, so that building
+    under ``with torch.device("meta")`` (shape inference without memory) stays on meta.
+    """
+    return module_cls(*args, device="meta", **kwargs).to_empty(device=torch.get_default_device())
 
 
 class ZooModel(ABC):

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from planner.models.base import ZooModel, _check_batch_size, derive_seed
+from planner.models.base import ZooModel, _check_batch_size, derive_seed, uninitialised
 
 __all__ = ["SUCCESSORS", "Attention", "Embedding", "GptModel", "Head", "Mlp"]
 
@@ -38,6 +38,7 @@ INIT_STD = 0.02
 
 
 def _init_linear(layer: nn.Linear, std: float) -> None:
+    """GPT-2 initialisation of a layer made with ``uninitialised`` (so the weights are drawn once)."""
     nn.init.normal_(layer.weight, std=std)
     if layer.bias is not None:
         nn.init.zeros_(layer.bias)
@@ -48,8 +49,8 @@ class Embedding(nn.Module):
 
     def __init__(self, vocab: int, seq: int, hidden: int) -> None:
         super().__init__()
-        self.tokens = nn.Embedding(vocab, hidden)
-        self.positions = nn.Embedding(seq, hidden)
+        self.tokens = uninitialised(nn.Embedding, vocab, hidden)
+        self.positions = uninitialised(nn.Embedding, seq, hidden)
         nn.init.normal_(self.tokens.weight, std=INIT_STD)
         nn.init.normal_(self.positions.weight, std=INIT_STD)
 
@@ -65,8 +66,8 @@ class Attention(nn.Module):
         super().__init__()
         self.heads = heads
         self.norm = nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
+        self.qkv = uninitialised(nn.Linear, hidden, 3 * hidden)
+        self.proj = uninitialised(nn.Linear, hidden, hidden)
         _init_linear(self.qkv, INIT_STD)
         _init_linear(self.proj, INIT_STD / math.sqrt(2 * layers))
         self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool).triu(1), persistent=False)
@@ -90,9 +91,9 @@ class Mlp(nn.Module):
     def __init__(self, hidden: int, layers: int) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(hidden)
-        self.up = nn.Linear(hidden, 4 * hidden)
+        self.up = uninitialised(nn.Linear, hidden, 4 * hidden)
         self.act = nn.GELU()
-        self.down = nn.Linear(4 * hidden, hidden)
+        self.down = uninitialised(nn.Linear, 4 * hidden, hidden)
         _init_linear(self.up, INIT_STD)
         _init_linear(self.down, INIT_STD / math.sqrt(2 * layers))
 
@@ -106,7 +107,7 @@ class Head(nn.Module):
     def __init__(self, hidden: int, vocab: int) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(hidden)
-        self.lm = nn.Linear(hidden, vocab, bias=False)
+        self.lm = uninitialised(nn.Linear, hidden, vocab, bias=False)
         _init_linear(self.lm, INIT_STD)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

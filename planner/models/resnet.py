@@ -25,14 +25,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.models.base import ClassificationTask, ZooModel
+from planner.models.base import ClassificationTask, ZooModel, uninitialised
 from planner.profile.analytic.resnet import EXPANSION, LAYOUTS, WIDTHS
 
 __all__ = ["Basic", "Bottleneck", "ResnetHead", "ResnetModel", "Stem"]
 
 
 def _conv(cin: int, cout: int, kernel: int, stride: int) -> nn.Conv2d:
-    conv = nn.Conv2d(cin, cout, kernel, stride=stride, padding=kernel // 2, bias=False)
+    conv = uninitialised(nn.Conv2d, cin, cout, kernel, stride=stride, padding=kernel // 2, bias=False)
     nn.init.kaiming_normal_(conv.weight, mode="fan_out", nonlinearity="relu")
     return conv
 

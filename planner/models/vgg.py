@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.models.base import ClassificationTask, ZooModel
+from planner.models.base import ClassificationTask, ZooModel, uninitialised
 from planner.profile.analytic.vgg import CHANNELS, FC_WIDTH, LAYOUTS, POOL_SIDE
 
 __all__ = ["ConvBlock", "FcBlock", "VggModel"]
@@ -29,7 +29,7 @@ class ConvBlock(nn.Module):
 
     def __init__(self, cin: int, cout: int, pool: bool) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(cin, cout, 3, padding=1)
+        self.conv = uninitialised(nn.Conv2d, cin, cout, 3, padding=1)
         nn.init.kaiming_normal_(self.conv.weight, mode="fan_out", nonlinearity="relu")
         nn.init.zeros_(self.conv.bias)
         self.relu = nn.ReLU()
@@ -46,7 +46,7 @@ class FcBlock(nn.Module):
     def __init__(self, fin: int, fout: int, *, pool: bool, relu: bool) -> None:
         super().__init__()
         self.pool = nn.AdaptiveAvgPool2d(POOL_SIDE) if pool else None
-        self.fc = nn.Linear(fin, fout)
+        self.fc = uninitialised(nn.Linear, fin, fout)  # initialised once, below (fc6 has 103M weights)
         nn.init.normal_(self.fc.weight, 0.0, 0.01)
         nn.init.zeros_(self.fc.bias)
         self.relu = nn.ReLU() if relu else None

@@ -29,6 +29,7 @@ says how far to trust that.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
 import re
@@ -44,7 +45,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from planner.contracts.catalog import DTYPES, Catalog, DeviceType, load_catalog
 from planner.contracts.model_profile import Block, ModelProfile, Timing
 from planner.errors import HetplanError
-from planner.models import resolve_model
+from planner.models import ZooModel, resolve_model
 from planner.profile.carry import carry_times
 
 __all__ = ["cuda_device_type", "measure_profile", "saved_bytes", "saved_storages", "storage_key"]
@@ -272,22 +273,37 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 class _MathMode:
     """On CUDA, TF32 matmuls and convolutions exactly when the dtype is tf32 (cuDNN allows TF32 by
-    default, which would make an "fp32" measurement a TF32 one); restored on exit."""
+    default, which would make an "fp32" measurement of a CNN a TF32 one); restored on exit.
+
+    Uses the flags every torch >= 2.4 has (``torch.backends.cuda.matmul.allow_tf32``,
+    ``torch.backends.cudnn.allow_tf32``). Newer torch refuses to read them once the newer
+    ``fp32_precision`` API has been used in the process; then the math mode is left as found and
+    :attr:`note` says so (it goes into the profile's ``source``).
+    """
 
     def __init__(self, device: torch.device, dtype: str) -> None:
         self.active = device.type == "cuda"
         self.tf32 = dtype == "tf32"
-        self.saved: tuple[bool, bool] = (False, False)
+        self.saved: list[tuple[Any, bool]] = []
+        self.note = "tf32 matmuls and convolutions" if self.tf32 else "ieee fp32 matmuls and convolutions"
 
-    def __enter__(self) -> None:
-        if self.active:
-            self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-            torch.backends.cuda.matmul.allow_tf32 = self.tf32
-            torch.backends.cudnn.allow_tf32 = self.tf32
+    def __enter__(self) -> _MathMode:
+        if not self.active:
+            return self
+        for flags in (torch.backends.cuda.matmul, torch.backends.cudnn):
+            try:
+                old = bool(flags.allow_tf32)
+                flags.allow_tf32 = self.tf32
+            except (RuntimeError, AttributeError) as exc:
+                self.note = f"left as found ({str(exc).splitlines()[0][:120]})"
+                continue
+            self.saved.append((flags, old))
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.active:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
+        for flags, old in reversed(self.saved):
+            with contextlib.suppress(RuntimeError):  # newer torch with the new API in use
+                flags.allow_tf32 = old
 
 
 def _device_type_name(device: torch.device, given: str | None, catalog: Catalog) -> str:
@@ -336,6 +352,7 @@ def measure_profile(
     estimate_for: Sequence[DeviceType] = (),
     progress: Progress | None = None,
     device_type_name: str | None = None,
+    threads: int | None = None,
 ) -> ModelProfile:
     """Measure ``model`` (a profile's ``model`` section) block by block on ``device``.
 
@@ -352,6 +369,9 @@ def measure_profile(
         progress: called as ``progress(done, total)`` after each block and size.
         device_type_name: the name the times are filed under; default ``cpu`` on the CPU, else the
             catalog type of the CUDA device (see :func:`cuda_device_type`).
+        threads: torch's intra-op threads while measuring (restored afterwards); default: torch's
+            own choice. On a shared CPU, 1 avoids the stalls of threads waiting for a descheduled
+            sibling, which can make a median 100x too slow (docs/profiling.md).
 
     Returns:
         A :class:`ModelProfile` with times under the device type name, ``source: measured``.
@@ -366,6 +386,8 @@ def measure_profile(
         weights and gradients plus one block's activations at the largest micro-batch.
     """
     sizes = _check_counts(micro_batches, warmup, repeat)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise HetplanError(f"expected a positive thread count, got {threads!r}", field="--threads")
     dev = _resolve_device(device)
     torch_dtype = _resolve_dtype(dtype, dev)
     catalog = load_catalog()
@@ -376,6 +398,38 @@ def measure_profile(
             field="--device-type",
         )
     zoo = resolve_model(model)
+    with _Threads(threads):
+        profile = _measure(zoo, sizes, dev, dtype, torch_dtype, type_name, warmup, repeat, seed, progress)
+    if estimate_for:
+        profile = carry_times(profile, type_name, list(estimate_for), catalog=catalog)
+    return profile
+
+
+class _Threads:
+    def __init__(self, threads: int | None) -> None:
+        self.threads = threads
+        self.saved = torch.get_num_threads()
+
+    def __enter__(self) -> None:
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self.saved)
+
+
+def _measure(
+    zoo: ZooModel,
+    sizes: tuple[int, ...],
+    dev: torch.device,
+    dtype: str,
+    torch_dtype: torch.dtype,
+    type_name: str,
+    warmup: int,
+    repeat: int,
+    seed: int,
+    progress: Progress | None,
+) -> ModelProfile:
     names, kinds = zoo.block_names(), zoo.block_kinds()
     n = zoo.n_blocks
     clock = _Clock(dev)
@@ -385,7 +439,7 @@ def measure_profile(
     times: list[dict[int, Timing]] = [{} for _ in range(n)]
     stats: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)] * n
     total, done = len(sizes) * n, 0
-    with _MathMode(dev, dtype):
+    with _MathMode(dev, dtype) as math_mode:
         for m in sizes:
             x, y = zoo.sample_batch(m, seed=seed, step=0)
             x = x.to(dev, dtype=torch_dtype) if x.is_floating_point() else x.to(dev)
@@ -456,13 +510,11 @@ def measure_profile(
     }
     if dev.type == "cuda":
         source["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(dev))
-    profile = ModelProfile(
+        source["math"] = math_mode.note
+    return ModelProfile(
         model=zoo.model,
         dtype=dtype,
         blocks=out_blocks,
         input_bytes=float(math.prod(zoo.sample_shape()) * element.element_size()),
         source=source,
     )
-    if estimate_for:
-        profile = carry_times(profile, type_name, list(estimate_for), catalog=catalog)
-    return profile

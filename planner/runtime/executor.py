@@ -36,13 +36,27 @@ class StepStats:
 
 
 def _io_shapes(zoo, seed: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """Per-sample shape and dtype of every block's output, found on the meta device (no memory)."""
-    with torch.device("meta"):
-        blocks = zoo.build_blocks(0, zoo.n_blocks, seed)
-        x = torch.empty((1, *zoo.sample_shape()), dtype=zoo.input_dtype())
-        shapes = []
-        for b in blocks:
-            x = b(x)
+    """Per-sample shape and dtype of every block's output.
+
+    On the meta device first (no memory); a model whose blocks make tensors on a fixed device cannot
+    run there, so then each block is built for real, one at a time, and run on a batch of one.
+    """
+    try:
+        with torch.device("meta"):
+            blocks = zoo.build_blocks(0, zoo.n_blocks, seed)
+            x = torch.empty((1, *zoo.sample_shape()), dtype=zoo.input_dtype())
+            shapes = []
+            for b in blocks:
+                x = b(x)
+                shapes.append((tuple(x.shape[1:]), x.dtype))
+        return shapes
+    except (RuntimeError, NotImplementedError):
+        pass
+    x, _ = zoo.sample_batch(1, seed=seed, step=0)
+    shapes = []
+    with torch.no_grad():
+        for i in range(zoo.n_blocks):
+            x = zoo.build_block(i, seed)(x)
             shapes.append((tuple(x.shape[1:]), x.dtype))
     return shapes
 

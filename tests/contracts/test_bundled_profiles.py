@@ -206,9 +206,10 @@ def test_mixed_a100_v100_links():
 
 
 def test_bundled_clusters_use_catalog_types(catalog):
-    # Only local-4 defines its own (emulated) types; the rest use catalog names.
+    # Only the local-* clusters (single-machine runs) define their own (emulated) types.
     for path in sorted(CLUSTERS.glob("*.yaml")):
-        if path.name == "local-4.yaml":
+        if path.name.startswith("local-"):
+            assert load_cluster(path).emulated, f"{path.name}: a local cluster must be labelled emulated"
             continue
         cluster = load_cluster(path)
         for name in cluster.device_types:

@@ -136,10 +136,16 @@ def test_a_killed_rank_stops_every_rank_with_a_message(tmp_path) -> None:
 def test_the_validator_refuses_a_schedule_that_would_deadlock() -> None:
     plan = _plan([Pipeline(2, (1, 1), (_stage(0, 3, "n0/0"), _stage(3, 6, "n0/1")))])
     programs = {a: list(p.actions) for a, p in compile_plan(plan, 6).programs.items()}
-    validate_programs(programs)
-    # swap the receive and the forward of micro-batch 0 on the second stage: it can never start
-    acts = programs["n0/1"]
-    recv = next(i for i, a in enumerate(acts) if a.kind.value == "RA")
-    programs["n0/1"] = [acts[recv + 1], acts[recv], *acts[recv + 2 :]]
-    with pytest.raises(HetplanError, match="backward|deadlock|before"):
+    validate_programs(programs)  # the compiled schedule is fine
+    # stage 0 waits for micro-batch 0's gradient before sending its activation: both wait forever
+    acts = programs["n0/0"]
+    send = next(i for i, a in enumerate(acts) if a.kind.value == "SA" and a.micro == 0)
+    recv = next(i for i, a in enumerate(acts) if a.kind.value == "RG" and a.micro == 0)
+    moved = acts[send]
+    reordered = [a for i, a in enumerate(acts) if i != send]
+    reordered.insert(reordered.index(acts[recv]) + 1, moved)
+    with pytest.raises(HetplanError, match="deadlock"):
+        validate_programs({**programs, "n0/0": reordered})
+    # a backward before its forward is refused too
+    with pytest.raises(HetplanError, match="before its forward"):
         validate_programs({**programs, "n0/1": list(reversed(programs["n0/1"]))})
