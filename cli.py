@@ -123,6 +123,8 @@ def _family_options(func: Any) -> Any:
 @click.option("--kwargs", "factory_kwargs", default=None, help="Arguments of a module:factory model, e.g. width=64.")
 @click.option("--repeat", default=5, show_default=True, type=click.IntRange(min=1), help="Timed runs per size.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed runs first.")
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Torch threads while measuring (1 matches each rank of 'hetplan launch').")
 @click.option("--dtype", default="fp32", type=click.Choice(["fp32", "tf32", "fp16", "bf16"]), show_default=True)
 @click.option("--micro-batches", default="1,2,4,8", show_default=True, help="Micro-batch sizes to time.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile file to write.")
@@ -137,6 +139,7 @@ def profile(
     factory_kwargs: str | None,
     repeat: int,
     warmup: int,
+    threads: int,
     dtype: str,
     micro_batches: str,
     output: str,
@@ -210,6 +213,7 @@ def profile(
             micro_batches=sizes,
             device=run_device,
             dtype=dtype,
+            threads=threads,
             warmup=warmup,
             repeat=repeat,
             estimate_for=targets,

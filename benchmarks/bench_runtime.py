@@ -18,8 +18,9 @@ comes from a real run on this machine: one process per rank, gloo over loopback,
   synchronisation point); the first ``--warmup`` steps of every run are left out, the rest pooled
   over the rounds; samples/s = global batch / median iteration time.
 * **accuracy**: the simulator's iteration time for each of those plans (from the profile measured
-  alone, and from a *contended* profile measured while ``world - 1`` other single-thread processes
-  train the same model, as the other ranks do during a run) beside the measured median.
+  alone, and from a *contended* profile measured while one background process per other rank of the
+  run trains the same model, each as that rank's emulated type would: compute, then sleep) beside
+  the measured median.
 * **pipelining**: one pipeline of 2 stages (the same blocks split at the same cut, the same 1F1B
   schedule, micro-batches, global batch, data, Adam and learning rate) run by hetplan's runtime
   (``launch_local``, no emulation) and by ``torch.distributed.pipelining`` (``PipelineStage`` +
@@ -93,37 +94,41 @@ def measure(model: dict, repeat: int) -> ModelProfile:
     return measure_profile(model, micro_batches=MICRO_SIZES, device="cpu", warmup=2, repeat=repeat)
 
 
-def load_worker(model: dict) -> None:
-    """A background load: train the model on one thread forever (killed by the parent)."""
+def load_worker(model: dict, slowdown: float) -> None:
+    """A background load that behaves like one more rank: train the model on one thread, forever
+    (killed by the parent), sleeping ``(slowdown - 1) x`` each pass as an emulated slow rank does."""
     torch.set_num_threads(1)
     zoo = resolve_model(model)
     blocks = zoo.build_blocks(0, zoo.n_blocks, SEED)
     x, y = zoo.sample_batch(8, seed=SEED, step=0)
     print("ready", flush=True)
     while True:
+        t0 = time.perf_counter()
         h = x
         for b in blocks:
             h = b(h)
         zoo.loss(h, y).backward()
+        if slowdown > 1.0:
+            time.sleep((time.perf_counter() - t0) * (slowdown - 1.0))
 
 
-def measure_contended(model: dict, repeat: int, loaders: int) -> ModelProfile:
-    """The profile measured while ``loaders`` other one-thread processes train the same model.
+def measure_contended(model: dict, repeat: int, others: list[float]) -> ModelProfile:
+    """The profile measured while one background process per other rank of the run computes beside it.
 
-    During a run every rank competes for the cores with the others; this measures each block under
-    the same kind of competition (the loaders never sleep, unlike emulated slow ranks, so with more
-    ranks than cores it overstates the competition somewhat).
+    ``others``: the emulated slowdown of each other rank. During a run every rank competes for the
+    cores with the others (and an emulated slow rank leaves its core while it sleeps); this measures
+    each block under the same competition, the measuring process playing a full-speed rank.
     """
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     procs = [
         subprocess.Popen(
-            [sys.executable, __file__, "_load", "--model", json.dumps(model)],
+            [sys.executable, __file__, "_load", "--model", json.dumps(model), "--slowdown", str(slowdown)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
         )
-        for _ in range(loaders)
+        for slowdown in others
     ]
     try:
         for p in procs:
@@ -144,6 +149,8 @@ class Runs:
 
     steps: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)  # last step's loss, per run
+    run_medians: list[float] = field(default_factory=list)  # each run's median step, in run order
+    compute: list[float] = field(default_factory=list)  # per kept step, the busiest rank's compute_s
 
     @property
     def median(self) -> float:
@@ -157,12 +164,22 @@ class Runs:
 def run_plan(config_path: Path, *, steps: int, warmup: int, emulate: bool, into: Runs) -> None:
     result = launch_local(config_path, steps=steps, emulate=emulate, threads=1)
     per_step: dict[int, float] = {}
+    compute: dict[int, float] = {}
     last_loss: dict[int, float] = {}
     for r in result.records:
         per_step[r["step"]] = max(per_step.get(r["step"], 0.0), r["iteration_s"])
+        compute[r["step"]] = max(compute.get(r["step"], 0.0), r["compute_s"])
         last_loss[r["step"]] = r["loss"]
-    into.steps += [t for s, t in sorted(per_step.items()) if s >= warmup]
+    kept = [t for s, t in sorted(per_step.items()) if s >= warmup]
+    into.compute += [t for s, t in sorted(compute.items()) if s >= warmup]
+    into.steps += kept
+    into.run_medians.append(_median(kept))
     into.losses.append(last_loss[max(last_loss)])
+
+
+def paired(base: Runs, other: Runs) -> str:
+    """Round by round (the two ran back to back): base's median step / other's."""
+    return ", ".join(f"{b / o:.2f}x" for b, o in zip(base.run_medians, other.run_medians, strict=True))
 
 
 def describe(plan: Plan, cluster: Cluster) -> str:
@@ -183,6 +200,7 @@ class ClusterCase:
     cluster: Cluster
     plans: dict[str, Plan]
     predicted: dict[str, float]
+    predicted_compute: dict[str, float]  # the busiest stage's forward + backward, summed over micro-batches
     runs: dict[str, Runs]
     contended: dict[str, float] = field(default_factory=dict)
 
@@ -194,10 +212,12 @@ def throughput_runs(args: argparse.Namespace, profile: ModelProfile, work: Path)
         result = plan_training(profile, cluster, PlanOptions(global_batch=args.batch, micro_batch_sizes=MICRO_SIZES))
         uniform = result.baselines.get("uniform")
         plans = {"hetplan": result.plan}
-        predicted = {"hetplan": result.sim.iteration_s}
+        sims = {"hetplan": result.sim}
         if uniform is not None and uniform.sim is not None:
             plans["uniform"] = uniform.plan
-            predicted["uniform"] = uniform.sim.iteration_s
+            sims["uniform"] = uniform.sim
+        predicted = {k: sim.iteration_s for k, sim in sims.items()}
+        busiest = {k: max(st.fwd_s + st.bwd_s for st in sim.stages) for k, sim in sims.items()}
         runs = {k: Runs() for k in plans}
         paths = {}
         for key, plan in plans.items():
@@ -206,7 +226,7 @@ def throughput_runs(args: argparse.Namespace, profile: ModelProfile, work: Path)
         for _ in range(args.rounds):
             for key in plans:
                 run_plan(paths[key], steps=args.steps, warmup=args.warmup, emulate=True, into=runs[key])
-        cases.append(ClusterCase(name, cluster, plans, predicted, runs))
+        cases.append(ClusterCase(name, cluster, plans, predicted, busiest, runs))
     return cases
 
 
@@ -215,8 +235,10 @@ def print_throughput(cases: list[ClusterCase], args: argparse.Namespace) -> None
         f"\n### Throughput: hetplan's plan vs the uniform split (emulated devices, global batch {args.batch}, "
         f"{args.rounds} runs x {args.steps} steps each, first {args.warmup} of each run left out)\n"
     )
-    print("| cluster | plan | pipelines: stages type[blocks], batch share, micro-batches | median iteration (ms) "
-          "| best (ms) | samples/s | speedup |")
+    print(
+        "| cluster | plan | pipelines: stages type[blocks], batch share, micro-batches | median iteration (ms) "
+        "| best (ms) | samples/s | speedup |"
+    )
     print("|---|---|---|---:|---:|---:|---:|")
     for c in cases:
         base = c.runs["uniform"].median if "uniform" in c.runs else None
@@ -227,23 +249,42 @@ def print_throughput(cases: list[ClusterCase], args: argparse.Namespace) -> None
                 f"| {c.name} | {key} | {describe(plan, c.cluster)} | {_ms(r.median)} | {_ms(r.best)} | "
                 f"{args.batch / r.median:.1f} | {speed} |"
             )
+    print()
+    for c in cases:
+        if "uniform" in c.runs:
+            pairs = paired(c.runs["uniform"], c.runs["hetplan"])
+            print(f"{c.name}: speedup run by run (each pair back to back): {pairs}  ")
+    print(
+        "\nIteration: per step the slowest rank's time (each rank times its whole step, loss all-reduce included); "
+        "median and best over the kept steps of all runs; samples/s = global batch / median; speedup = uniform's "
+        "median / hetplan's."
+    )
 
 
 def print_accuracy(cases: list[ClusterCase], args: argparse.Namespace) -> None:
     print("\n### Accuracy: the simulator's iteration time vs the measured median (the runs above)\n")
-    print("| cluster | plan | predicted, profile alone (ms) | error | predicted, contended profile (ms) "
-          "| error | measured median (ms) |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print(
+        "| cluster | plan | measured median (ms) | predicted, profile alone (ms) | error | predicted, contended "
+        "profile (ms) | error | busiest rank's compute: measured / predicted (ms) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for c in cases:
         for key in c.plans:
             m = c.runs[key].median
             p = c.predicted[key]
             q = c.contended.get(key)
             contended = f"{_ms(q)} | {m / q - 1:+.0%}" if q else "- | -"
-            print(f"| {c.name} | {key} | {_ms(p)} | {m / p - 1:+.0%} | {contended} | {_ms(m)} |")
+            mc, pc = _median(c.runs[key].compute), c.predicted_compute[key]
+            compute = f"{_ms(mc)} / {_ms(pc)} ({mc / pc - 1:+.0%})"
+            print(f"| {c.name} | {key} | {_ms(m)} | {_ms(p)} | {m / p - 1:+.0%} | {contended} | {compute} |")
     print(
-        "\nerror = measured / predicted - 1. Contended profile: measured while world - 1 other one-thread "
-        "processes trained the same model (local-4: 3, local-2: 1), then the same plans re-simulated with it."
+        "\nerror = measured / predicted - 1. Contended profile: measured while one background process per other "
+        "rank trained the same model on one thread, each emulating that rank's type as the runtime does (compute, "
+        "then sleep (slowdown - 1) x), the measuring process playing the fastest rank; the same plans re-simulated "
+        "with it. Busiest rank's compute: the median over steps of the largest per-rank compute_s (forward and "
+        "backward, emulation sleeps included) beside the simulator's largest stage forward + backward: where "
+        "the two errors are alike, the gap is compute running slower than profiled, not the schedule or the "
+        "links."
     )
 
 
@@ -336,6 +377,7 @@ def run_torch_pp(args: argparse.Namespace, model: dict, cut: int, micro: int, wo
     results = [json.loads(o.read_text(encoding="utf-8")) for o in outs]
     per_step = [max(r["times"][s] for r in results) for s in range(args.steps)]
     into.steps += per_step[args.warmup :]
+    into.run_medians.append(_median(per_step[args.warmup :]))
     into.losses.append(results[0]["losses"][-1])
 
 
@@ -373,15 +415,22 @@ def pipelining(args: argparse.Namespace, profile: ModelProfile, work: Path) -> N
         f"of {micro_size}, Adam; {args.rounds} runs x {args.steps} steps each, first {args.warmup} of each run "
         "left out, step times measured inside the workers\n"
     )
-    print("| runtime | median step (ms) | best step (ms) | samples/s | ratio | loss after last step, per run |")
-    print("|---|---:|---:|---:|---:|---|")
-    ref = runs["torch.distributed.pipelining"].median
+    print(
+        "| runtime | median step (ms) | best step (ms) | samples/s (median) | ratio (median) | ratio (best) "
+        "| loss after last step, per run |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---|")
+    ref = runs["torch.distributed.pipelining"]
     for key, r in runs.items():
-        ratio = f"**{ref / r.median:.2f}x**" if key == "hetplan runtime" else "1.00x"
+        mine = key == "hetplan runtime"
+        ratio = f"**{ref.median / r.median:.2f}x** | {ref.best / r.best:.2f}x" if mine else "1.00x | 1.00x"
         losses = ", ".join(f"{v:.5f}" for v in r.losses)
-        print(
-            f"| {key} | {_ms(r.median)} | {_ms(r.best)} | {args.batch / r.median:.1f} | {ratio} | {losses} |"
-        )
+        print(f"| {key} | {_ms(r.median)} | {_ms(r.best)} | {args.batch / r.median:.1f} | {ratio} | {losses} |")
+    pairs = paired(runs["torch.distributed.pipelining"], runs["hetplan runtime"])
+    print(
+        f"\nratio run by run (each pair back to back): {pairs}; ratio = torch's median step / hetplan's "
+        "(above 1: hetplan faster)"
+    )
 
 
 # --------------------------------------------------------------------------- main
@@ -393,9 +442,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--batch", type=int, default=64, help="global batch")
-    parser.add_argument("--steps", type=int, default=12, help="steps per run")
+    parser.add_argument("--steps", type=int, default=10, help="steps per run")
     parser.add_argument("--warmup", type=int, default=2, help="steps of each run left out")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each plan, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each plan, alternating")
     parser.add_argument("--repeat", type=int, default=9, help="timed runs per block and size when profiling")
     parser.add_argument("--micro", type=int, default=4, help="pipelining: micro-batches per step")
     parser.add_argument("--cut", type=int, default=None, help="pipelining: first block of stage 1 (default: by FLOPs)")
@@ -418,8 +467,9 @@ def main() -> None:
                 print_throughput(cases, args)
             if args.what in ("accuracy", "all"):
                 for c in cases:
-                    world = max(len(p.all_devices()) for p in c.plans.values())
-                    contended = measure_contended(model, args.repeat, max(1, world - 1))
+                    used = sorted({d for p in c.plans.values() for d in p.all_devices()})
+                    slowdowns = sorted(c.cluster.device(d).type.slowdown for d in used)
+                    contended = measure_contended(model, args.repeat, slowdowns[1:])  # this process: the fastest
                     c.contended = {k: simulate(p, contended, c.cluster).iteration_s for k, p in c.plans.items()}
                 print_accuracy(cases, args)
         if args.what in ("pipelining", "all"):
@@ -436,9 +486,10 @@ def _hidden() -> None:
     parser.add_argument("--batch", type=int)
     parser.add_argument("--steps", type=int)
     parser.add_argument("--out")
+    parser.add_argument("--slowdown", type=float, default=1.0)
     args = parser.parse_args()
     if args.mode == "_load":
-        load_worker(json.loads(args.model))
+        load_worker(json.loads(args.model), args.slowdown)
     else:
         torch_pp_worker(args)
 

@@ -1,12 +1,13 @@
 """A user's model: a ``module:function`` that returns an ``nn.Sequential`` or a list of blocks.
 
-    zoo = FactoryModel({"factory": "user_models:build", "config": {"width": 16}, "input_shape": [8]})
+    zoo = resolve_model({"factory": "user_models:build", "config": {"width": 16}, "input_shape": [8]})
     zoo.block_names()           # the Sequential's child names, or block0, block1, ...
 
-The factory is imported and called with ``**config`` under a seeded RNG, once for a probe: the
-blocks are run in order on a batch of two random inputs of ``input_shape``, so a shape that does
-not fit, a block that returns a tuple, or blocks that do not chain fail here, with one line naming
-the block, rather than deep inside a measurement or a pipeline.
+The factory is imported (from ``sys.path`` or the current directory) and called with ``**config``
+under a seeded RNG, once for a probe: the blocks are run in order on a batch of two random inputs
+of ``input_shape``, so a shape that does not fit, a block that returns a tuple, or blocks that do
+not chain fail here, with one line naming the block, rather than deep inside a measurement or a
+pipeline.
 
 Determinism: a factory builds all its blocks in one go, so block ``i`` cannot be built alone. The
 factory is called with torch's RNG seeded from ``seed`` alone (not ``(seed, index)``) and block ``i``
@@ -24,7 +25,10 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import sys
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -43,13 +47,30 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+def _import(module_name: str) -> ModuleType:
+    """Import ``module_name``, also from the current directory: a console script such as
+    ``hetplan`` does not put it on ``sys.path`` the way ``python -m`` does."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        cwd = os.getcwd()
+        if exc.name != module_name.split(".")[0] or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.append(cwd)
+        try:
+            return importlib.import_module(module_name)
+        except ModuleNotFoundError:
+            sys.path.remove(cwd)
+            raise
+
+
 def load_factory(path: str) -> Callable[..., Any]:
     """Import ``module:function``; every failure is a HetplanError at ``factory``."""
     if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
         raise HetplanError(f"expected a factory as 'package.module:function', got {path!r}", field="factory")
     module_name, attr = path.split(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except Exception as exc:  # a user's module may fail to import in any way
         raise HetplanError(f"cannot import module {module_name!r} ({_first_line(exc)})", field="factory") from exc
     fn = module

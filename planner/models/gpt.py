@@ -150,20 +150,18 @@ class GptModel(ZooModel):
 
     def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         _check_batch_size(batch_size)
-        table = self.teacher(seed).tolist()
+        table = self.teacher(seed)
         s, v = self.config["seq"], self.config["vocab"]
-        rows = []
-        for i in range(batch_size):
+        tokens = np.empty((batch_size, s + 1), dtype=np.int64)
+        picks = np.empty((batch_size, s), dtype=np.int64)
+        for i in range(batch_size):  # each sample's draws from its own generator
             rng = np.random.default_rng(derive_seed("sample", seed, step, i))
-            token = int(rng.integers(v))
-            picks = rng.integers(SUCCESSORS, size=s).tolist()
-            row = [token]
-            for p in picks:
-                token = table[token][p]
-                row.append(token)
-            rows.append(row)
-        tokens = torch.tensor(rows, dtype=torch.long)
-        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+            tokens[i, 0] = rng.integers(v)
+            picks[i] = rng.integers(SUCCESSORS, size=s)
+        for j in range(s):  # walk the chain, all samples at once
+            tokens[:, j + 1] = table[tokens[:, j], picks[:, j]]
+        out = torch.from_numpy(tokens)
+        return out[:, :-1].contiguous(), out[:, 1:].contiguous()
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Cross-entropy, mean over a sample's tokens, summed over samples."""

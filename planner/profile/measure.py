@@ -6,19 +6,22 @@
     profile.save("gpt.cpu.yaml")          # times under `cpu`, source: measured
 
 For each micro-batch size the model's synthetic batch runs through the blocks in order, each block
-on the real output of the one before (so every shape is real). Per block and size: ``warmup``
-untimed runs, then ``repeat`` timed forward and backward passes; the profile keeps the **median**
-of each and the relative spread ``(max - min) / median`` of their sum. The forward is timed with
-autograd recording (as in training); the backward is ``torch.autograd.backward(output, ones)``
-with the block's input requiring grad, so it computes the input and parameter gradients and
-nothing upstream. The last block's forward includes the loss and its backward starts from the loss,
-as on the last pipeline stage. On CUDA the device is synchronised before and after each timed
-region.
+on the real output of the one before (so every shape is real), with ``warmup`` untimed runs of each
+block (at least one: it makes the next block's input). Then ``repeat`` timed **rounds**, each running
+every block at every size once on its recorded input: a burst of load from elsewhere on the machine
+then lands on a few samples of many medians instead of on all samples of one. The profile keeps
+the **median** forward and backward time of each block and size, and the relative spread
+``(max - min) / median`` of their sum. The forward is timed with autograd recording (as in
+training); the backward is ``torch.autograd.backward(output, ones)`` with the block's input
+requiring grad, so it computes the input and parameter gradients and nothing upstream; gradients
+accumulate across runs, as across the micro-batches of a step. The last block's forward includes
+the loss and its backward starts from the loss, as on the last pipeline stage. On CUDA the device
+is synchronised before and after each timed region.
 
 Per block, once, at the largest micro-batch (divided by it): forward FLOPs by
 ``torch.utils.flop_counter.FlopCounterMode`` (2 per multiply-add, matmuls and convolutions, as the
 analytic profiles count), the bytes autograd saves for backward by
-``torch.autograd.graph.saved_tensors_hooks`` (unique storages; see :func:`saved_bytes`), and the
+``torch.autograd.graph.saved_tensors_hooks`` (unique storages; see :func:`saved_storages`), and the
 output's bytes. Parameters and their bytes are counted from the module.
 
 ``estimate_for`` carries the measured times to other catalog types by the roofline ratio
@@ -30,6 +33,7 @@ says how far to trust that.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import platform
 import re
@@ -183,43 +187,31 @@ def _as_input(x: torch.Tensor) -> torch.Tensor:
     return x.requires_grad_() if x.is_floating_point() else x
 
 
-def _time_block(
-    block: nn.Module,
-    x: torch.Tensor,
-    finish: Callable[[torch.Tensor], torch.Tensor] | None,
-    *,
-    warmup: int,
-    repeat: int,
-    clock: _Clock,
-) -> tuple[Timing, torch.Tensor]:
-    """Median forward and backward seconds of ``block`` on ``x``; ``finish`` (the loss) ends the forward."""
-    fwd: list[float] = []
-    bwd: list[float] = []
-    output = x
-    for r in range(warmup + repeat):
-        xin = _as_input(x)
-        t0 = clock.now()
-        output = block(xin)
-        result = finish(output) if finish is not None else output
-        t1 = clock.now()
-        if result.requires_grad:
-            grad = torch.ones_like(result)
-            t2 = clock.now()
-            torch.autograd.backward(result, grad)
-            t3 = clock.now()
-        else:
-            t2 = t3 = 0.0
-        del result, xin
-        if r >= warmup:
-            fwd.append(t1 - t0)
-            bwd.append(t3 - t2)
-    timing = Timing(
-        fwd=statistics.median(fwd),
-        bwd=statistics.median(bwd),
+def _run_once(
+    block: nn.Module, x: torch.Tensor, finish: Callable[[torch.Tensor], torch.Tensor] | None, clock: _Clock
+) -> tuple[float, float, torch.Tensor]:
+    """One forward (with ``finish``, the loss, if given) and its backward: (fwd s, bwd s, output)."""
+    xin = _as_input(x)
+    t0 = clock.now()
+    output = block(xin)
+    result = finish(output) if finish is not None else output
+    t1 = clock.now()
+    if not result.requires_grad:  # a block without parameters on an integer input
+        return t1 - t0, 0.0, output.detach()
+    grad = torch.ones_like(result)
+    t2 = clock.now()
+    torch.autograd.backward(result, grad)
+    t3 = clock.now()
+    return t1 - t0, t3 - t2, output.detach()
+
+
+def _timing(fwd: Sequence[float], bwd: Sequence[float]) -> Timing:
+    return Timing(
+        fwd=_sig(statistics.median(fwd)),
+        bwd=_sig(statistics.median(bwd)),
         source="measured",
         spread=round(_spread([f + b for f, b in zip(fwd, bwd, strict=True)]), 4),
     )
-    return timing, output.detach()
 
 
 def _stats(
@@ -247,6 +239,37 @@ def _stats(
     kept = float(sum(n for key, n in seen.items() if key not in skip))
     out_bytes = float(out.numel() * out.element_size())
     return flops / m, kept / m, out_bytes / m
+
+
+def _loss_on(zoo: ZooModel, targets: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    return zoo.loss(output, targets)
+
+
+class _Where:
+    """The block and micro-batch being run; as a context manager, it turns a failure there into one
+    located line."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.block = 0
+        self.m = 0
+
+    def __enter__(self) -> _Where:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            return
+        name, m = self.names[self.block], self.m
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            raise HetplanError(
+                f"out of memory in block {name} at micro-batch {m}; measure smaller sizes", field="--micro-batches"
+            ) from exc
+        if isinstance(exc, (ValueError, RuntimeError)):
+            # e.g. BatchNorm in training mode with one value per channel (micro-batch 1 on a 1x1
+            # feature map), or the CPU allocator running out of memory
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise HetplanError(f"block {name} failed at micro-batch {m}: {reason}", field="--micro-batches") from exc
 
 
 def _check_counts(micro_batches: Sequence[int], warmup: int, repeat: int) -> tuple[int, ...]:
@@ -326,13 +349,13 @@ def _describe(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return {
-            "kind": "cuda",
+            "backend": "cuda",
             "device": props.name,
             "memory_bytes": int(props.total_memory),
             "cuda": torch.version.cuda,
             "threads": torch.get_num_threads(),
         }
-    return {"kind": "cpu", "device": _cpu_name(), "threads": torch.get_num_threads()}
+    return {"backend": "cpu", "device": _cpu_name(), "threads": torch.get_num_threads()}
 
 
 def _sig(x: float) -> float:
@@ -363,10 +386,10 @@ def measure_profile(
         device: ``cpu``, ``cuda`` or ``cuda:N``.
         dtype: ``fp32``, ``tf32`` (CUDA only), ``fp16`` or ``bf16``: parameters and float inputs
             are cast to it; the loss is computed in fp32.
-        warmup, repeat: untimed and timed runs per block and size.
+        warmup, repeat: untimed runs per block and size (at least one is made), timed rounds.
         seed: fixes the parameters and the synthetic batch.
         estimate_for: catalog types to carry the measured times to (marked ``estimated``).
-        progress: called as ``progress(done, total)`` after each block and size.
+        progress: called as ``progress(done, total)`` after each block run (warm-up and rounds).
         device_type_name: the name the times are filed under; default ``cpu`` on the CPU, else the
             catalog type of the CUDA device (see :func:`cuda_device_type`).
         threads: torch's intra-op threads while measuring (restored afterwards); default: torch's
@@ -381,9 +404,9 @@ def measure_profile(
             CUDA device the catalog does not know (``--device-type``), bad counts, out of memory.
 
     Note:
-        Every block stays on the device for the whole measurement and gradients accumulate across
-        the repetitions (as across the micro-batches of a step), so peak memory is the whole model's
-        weights and gradients plus one block's activations at the largest micro-batch.
+        Every block stays on the device for the whole measurement, with its gradients and its input
+        at every size, so peak memory is the whole model's weights and gradients, the block
+        boundaries' tensors, and one block's activations at the largest micro-batch.
     """
     sizes = _check_counts(micro_batches, warmup, repeat)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
@@ -436,39 +459,49 @@ def _measure(
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     blocks = [b.to(device=dev, dtype=torch_dtype) for b in zoo.build_blocks(0, n, seed)]
-    times: list[dict[int, Timing]] = [{} for _ in range(n)]
     stats: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)] * n
-    total, done = len(sizes) * n, 0
-    with _MathMode(dev, dtype) as math_mode:
+    total, done = len(sizes) * n * (1 + repeat), 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total)
+
+    # each block's real input at each size, and the loss on that size's targets
+    inputs: dict[int, list[torch.Tensor]] = {}
+    finishes: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
+    fwd: dict[tuple[int, int], list[float]] = {(i, m): [] for i in range(n) for m in sizes}
+    bwd: dict[tuple[int, int], list[float]] = {(i, m): [] for i in range(n) for m in sizes}
+    with _MathMode(dev, dtype) as math_mode, _Where(names) as where:
+        # pass 1, per size: the synthetic batch through the blocks, each warmed up on its real input
         for m in sizes:
             x, y = zoo.sample_batch(m, seed=seed, step=0)
             x = x.to(dev, dtype=torch_dtype) if x.is_floating_point() else x.to(dev)
-            y = y.to(dev)
-
-            def loss(out: torch.Tensor, y: torch.Tensor = y) -> torch.Tensor:
-                return zoo.loss(out, y)
-
+            finishes[m] = functools.partial(_loss_on, zoo, y.to(dev))
+            inputs[m] = []
             for i, block in enumerate(blocks):
-                finish = loss if i == n - 1 else None
-                try:
-                    if m == sizes[-1]:
-                        stats[i] = _stats(block, x, finish, m)
-                    times[i][m], x = _time_block(block, x, finish, warmup=warmup, repeat=repeat, clock=clock)
-                except torch.cuda.OutOfMemoryError as exc:
-                    raise HetplanError(
-                        f"out of memory in block {names[i]} at micro-batch {m}; measure smaller sizes",
-                        field="--micro-batches",
-                    ) from exc
-                except (ValueError, RuntimeError) as exc:
-                    # e.g. BatchNorm in training mode with one value per channel (micro-batch 1 on a
-                    # 1x1 feature map), or the CPU allocator running out of memory
-                    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    raise HetplanError(
-                        f"block {names[i]} failed at micro-batch {m}: {reason}", field="--micro-batches"
-                    ) from exc
-                done += 1
-                if progress is not None:
-                    progress(done, total)
+                where.block, where.m = i, m
+                finish = finishes[m] if i == n - 1 else None
+                inputs[m].append(x)
+                if m == sizes[-1]:
+                    stats[i] = _stats(block, x, finish, m)
+                out = x
+                for _ in range(max(warmup, 1)):
+                    *_, out = _run_once(block, x, finish, clock)
+                x = out
+                tick()
+        # pass 2: the timed runs in rounds (every block and size once per round), so a burst of
+        # load from elsewhere on the machine spreads over many medians instead of owning one
+        for _ in range(repeat):
+            for m in sizes:
+                for i, block in enumerate(blocks):
+                    where.block, where.m = i, m
+                    f, b, _out = _run_once(block, inputs[m][i], finishes[m] if i == n - 1 else None, clock)
+                    fwd[i, m].append(f)
+                    bwd[i, m].append(b)
+                    tick()
+    del inputs
     out_blocks = []
     for i, block in enumerate(blocks):
         params = list(block.parameters())
@@ -482,12 +515,7 @@ def _measure(
                 activation_bytes=kept,
                 output_bytes=out_bytes,
                 flops_fwd=flops,
-                times={
-                    type_name: {
-                        m: Timing(fwd=_sig(t.fwd), bwd=_sig(t.bwd), source="measured", spread=t.spread)
-                        for m, t in times[i].items()
-                    }
-                },
+                times={type_name: {m: _timing(fwd[i, m], bwd[i, m]) for m in sizes}},
             )
         )
     element = torch.empty((), dtype=torch_dtype if zoo.input_dtype().is_floating_point else zoo.input_dtype())

@@ -10,9 +10,10 @@ bottleneck (the slowest stage or boundary transfer per micro-batch) sets the ste
 total (every stage and transfer once) is the fill and drain. It is minimised exactly: a min-max DP
 gives the smallest bottleneck; then, for each larger candidate bottleneck (every distinct stage or
 transfer time, ascending), a min-sum DP under that cap, stopping once ``(M - 1) x cap`` plus the
-smallest possible total can no longer win. Each DP is O(S n^2) over contiguous block ranges, with
-every stage's memory (weights, gradients, optimizer state, activations of the micro-batches it
-holds under the schedule) as a hard constraint.
+smallest possible total can no longer win. From 9 micro-batches on only the first, lexicographic
+step is taken (the bottleneck term dominates; see ``_NO_PRUNE_LIMIT``). Each DP is O(S n^2) over
+contiguous block ranges, with every stage's memory (weights, gradients, optimizer state, activations
+of the micro-batches it holds under the schedule) as a hard constraint.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from planner.solve.tables import CostTables
 
 __all__ = ["Partition", "Slot", "in_flight", "partition", "slot_fits", "slot_times"]
 
-# Above this many micro-batches the bottleneck dominates so strongly that the min-max solution is
-# kept as is (the cap enumeration would almost never find a better one).
-_NO_PRUNE_LIMIT = 10**6
+# From this many micro-batches on, the min-max solution (with the smallest total among those) is
+# kept as is: the cap enumeration costs a DP per candidate cap and, with the bottleneck weighted this
+# heavily, almost never finds better; below it the objective is minimised exactly.
+_NO_PRUNE_LIMIT = 8
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,9 @@ from planner.solve.tables import CostTables
 __all__ = ["Candidate", "PlanOptions", "PlanResult", "evaluate_structure", "plan_training", "simulate_or_none"]
 
 _NO_LIMIT = 10**9
+_LOCAL_SEARCH_DEVICES = 8  # up to this many devices, refine with simulator-driven hill-climbing
+_REFINED_CANDIDATES = 24  # ... starting from this many of the best simulated candidates,
+_REFINE_TASKS = 120_000  # ... until this many simulated tasks are spent (about 1-2 s here)
 
 
 @dataclass(frozen=True)
@@ -223,7 +226,8 @@ def _moves(plan: Plan, m_of: list[int]) -> list[Plan]:
     return out
 
 
-def _refine(best: Candidate, profile: ModelProfile, cluster: Cluster, *, local_search: bool) -> Candidate:
+def _refine(best: Candidate, profile: ModelProfile, cluster: Cluster, *, local_search: bool,
+            budget: list[int] | None = None) -> Candidate:
     """Startup splitting per pipeline, then (small plans) hill-climbing on cuts and batch shares."""
     assert best.sim is not None
     plan, sim = best.plan, best.sim
@@ -235,15 +239,19 @@ def _refine(best: Candidate, profile: ModelProfile, cluster: Cluster, *, local_s
                 plan, sim = trial, result
     if local_search:
         m_of = [max(p.micro_batches) for p in plan.pipelines]
-        for _ in range(50):
-            improved = False
+        budget = budget if budget is not None else [_REFINE_TASKS]
+        for _ in range(50):  # steepest descent: the best neighbour each round (first-improvement stalls early)
+            step_plan, step_sim = plan, sim
+            if budget[0] <= 0:
+                break
             for trial in _moves(plan, m_of):
                 result = simulate_or_none(trial, profile, cluster)
-                if result is not None and result.iteration_s < sim.iteration_s * (1 - 1e-9):
-                    plan, sim, improved = trial, result, True
-                    break
-            if not improved:
+                budget[0] -= sim.n_tasks
+                if result is not None and result.iteration_s < step_sim.iteration_s * (1 - 1e-9):
+                    step_plan, step_sim = trial, result
+            if step_plan is plan:
                 break
+            plan, sim = step_plan, step_sim
     return Candidate(best.label, plan, best.estimate, sim)
 
 
@@ -323,7 +331,13 @@ def plan_training(
         raise _infeasible(profile, cluster, opts, search.tables)
     best = min(pool, key=lambda c: c.sim.iteration_s)
     if opts.refine:
-        best = _refine(best, profile, cluster, local_search=len(cluster.devices) <= 8)
+        # small clusters: hill-climb from the few best simulated candidates, not only the winner; the
+        # closed form that picked each one's cuts and shares can misjudge which structure wins
+        small = len(cluster.devices) <= _LOCAL_SEARCH_DEVICES
+        ranked = sorted(pool, key=lambda c: c.sim.iteration_s)[: _REFINED_CANDIDATES if small else 1]
+        budget = [_REFINE_TASKS]  # simulated tasks, shared: deterministic, unlike a time limit
+        refined = [_refine(c, profile, cluster, local_search=small, budget=budget) for c in ranked]
+        best = min(refined, key=lambda c: c.sim.iteration_s)
     lower = compute_lower_bound(search.tables, cluster, opts.global_batch, list(search.sizes))
     return PlanResult(
         plan=best.plan,

@@ -7,6 +7,7 @@ descheduled, which makes medians jump by 100x (docs/profiling.md).
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,17 @@ MODELS = {"gpt": GPT, "resnet": RESNET, "vgg": VGG, "mlp": MLP}
 QUICK = {"micro_batches": (1, 2), "warmup": 1, "repeat": 3, "threads": 1}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Building and probing on one thread too (the measurements pass threads=1 themselves)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.fixture(scope="module")
-def measured() -> dict[str, ModelProfile]:
+def measured(one_thread: None) -> dict[str, ModelProfile]:
     return {name: measure_profile(model, **QUICK) for name, model in MODELS.items()}
 
 
@@ -172,8 +182,15 @@ def test_a_user_factory_model_profiles() -> None:
     assert [b.params for b in profile.blocks] == [8 * 32 + 32, 32 * 32 + 32, 32 * 4 + 4]
     assert [b.flops_fwd for b in profile.blocks] == [2 * 8 * 32, 2 * 32 * 32, 2 * 32 * 4]
     assert profile.model == model
-    assert calls == [(i, 6) for i in range(1, 7)]
+    assert calls == [(i, 18) for i in range(1, 19)]  # 3 blocks x 2 sizes x (warm-up + 2 rounds)
     assert compare_with_analytic(profile, profile.model) == []
+
+
+@pytest.mark.xfail(reason="planner/contracts/model_profile.py does not yet accept model.input_shape", strict=False)
+def test_a_user_factory_profile_is_a_valid_contract() -> None:
+    model = {"factory": "user_models:build", "config": {"width": 32}, "input_shape": [8]}
+    profile = measure_profile(model, micro_batches=(1,), warmup=0, repeat=1, threads=1)
+    assert parse_profile(profile.to_dict()).model == model
 
 
 def test_device_type_name_files_the_times_under_that_name() -> None:
