@@ -183,14 +183,19 @@ def paired(base: Runs, other: Runs) -> str:
 
 
 def describe(plan: Plan, cluster: Cluster) -> str:
-    """``2 x [cpu-fast] b21 + ...``: each pipeline's stages (device type[blocks]) and batch share."""
+    """``cpu-fast[0:10], 21 samples as 5 + 2x8; ...``: each pipeline's stages (type[blocks]), share, micro-batches."""
     types = {d.address: d.type.name for d in cluster.devices}
     parts = []
     for p in plan.pipelines:
         stages = " > ".join(f"{'+'.join(types[d] for d in s.devices)}[{s.start}:{s.end}]" for s in p.stages)
-        sizes = sorted(set(p.micro_batches))
-        micro = "/".join(str(m) for m in sizes)
-        parts.append(f"{stages} b{p.batch} (mb {micro})")
+        groups: list[list[int]] = []  # runs of equal micro-batch sizes: [5, 8, 8] -> "5 + 2x8"
+        for m in p.micro_batches:
+            if groups and groups[-1][0] == m:
+                groups[-1][1] += 1
+            else:
+                groups.append([m, 1])
+        micro = " + ".join(f"{k}x{m}" if k > 1 else str(m) for m, k in groups)
+        parts.append(f"{stages}, {p.batch} samples as {micro}")
     return "; ".join(parts)
 
 
@@ -236,7 +241,7 @@ def print_throughput(cases: list[ClusterCase], args: argparse.Namespace) -> None
         f"{args.rounds} runs x {args.steps} steps each, first {args.warmup} of each run left out)\n"
     )
     print(
-        "| cluster | plan | pipelines: stages type[blocks], batch share, micro-batches | median iteration (ms) "
+        "| cluster | plan | pipelines: stages type[blocks], samples as micro-batches | median iteration (ms) "
         "| best (ms) | samples/s | speedup |"
     )
     print("|---|---|---|---:|---:|---:|---:|")
@@ -459,12 +464,20 @@ def main() -> None:
     started = time.time()
     model = gpt_model(args)
     profile = measure(model, args.repeat)
+    c = model["config"]
+    print(
+        f"model: zoo GPT, layers {c['layers']}, hidden {c['hidden']}, heads {c['heads']}, seq {c['seq']}, vocab "
+        f"{c['vocab']} ({len(profile.blocks)} blocks, {sum(b.params for b in profile.blocks):,} parameters), Adam; "
+        f"profile measured here at micro-batches {', '.join(map(str, MICRO_SIZES))} (median of {args.repeat}, one "
+        "thread)"
+    )
     with tempfile.TemporaryDirectory(prefix="bench-runtime-") as tmp:
         work = Path(tmp)
         if args.what in ("throughput", "accuracy", "all"):
             cases = throughput_runs(args, profile, work)
             if args.what in ("throughput", "all"):
                 print_throughput(cases, args)
+                print(f"\n(after the throughput runs: {load_text()})")
             if args.what in ("accuracy", "all"):
                 for c in cases:
                     used = sorted({d for p in c.plans.values() for d in p.all_devices()})

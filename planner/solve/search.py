@@ -27,9 +27,11 @@ from typing import Any
 
 from planner.contracts.cluster import Cluster, Link
 from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Pipeline, Plan, Stage
+from planner.contracts.plan import Pipeline, Plan, Stage, check_plan
 from planner.errors import HetplanError
+from planner.schedule.compile import compile_plan
 from planner.simulate.costs import CostModel
+from planner.simulate.memory import device_memory
 from planner.simulate.simulator import SimResult, simulate
 from planner.solve.batching import allocate_batch, micro_batch_list, startup_splits
 from planner.solve.bounds import compute_lower_bound
@@ -42,6 +44,7 @@ __all__ = ["Candidate", "PlanOptions", "PlanResult", "evaluate_structure", "plan
 _NO_LIMIT = 10**9
 _LOCAL_SEARCH_DEVICES = 8  # up to this many devices, refine with simulator-driven hill-climbing
 _REFINED_CANDIDATES = 24  # ... starting from this many of the best simulated candidates,
+_FEW_PIPELINES = 16  # up to this many pipelines, try every startup-splitting variant
 _REFINE_TASKS = 120_000  # ... until this many simulated tasks are spent (about 1-2 s here)
 
 
@@ -174,11 +177,15 @@ class _Search:
 
 
 def simulate_or_none(plan: Plan, profile: ModelProfile, cluster: Cluster) -> SimResult | None:
-    """The simulated iteration, or None if a device runs out of memory."""
-    result = simulate(plan, profile, cluster)
-    if not all(d.memory.fits for d in result.devices.values()):
-        return None
-    return result
+    """The simulated iteration, or None if a device runs out of memory (checked before simulating:
+    the memory walk needs only the compiled action lists, the event run is the expensive part)."""
+    check_plan(plan, cluster, profile)
+    compiled = compile_plan(plan, len(profile.blocks))
+    for address, program in compiled.programs.items():
+        capacity = cluster.device(address).type.memory
+        if not device_memory(program, profile, optimizer=plan.optimizer, capacity=capacity).fits:
+            return None
+    return simulate(plan, profile, cluster, compiled=compiled)
 
 
 def evaluate_structure(
@@ -228,15 +235,31 @@ def _moves(plan: Plan, m_of: list[int]) -> list[Plan]:
 
 def _refine(best: Candidate, profile: ModelProfile, cluster: Cluster, *, local_search: bool,
             budget: list[int] | None = None) -> Candidate:
-    """Startup splitting per pipeline, then (small plans) hill-climbing on cuts and batch shares."""
+    """Startup splitting, then (small plans) hill-climbing on cuts and batch shares.
+
+    Startup splitting is tried per pipeline on small plans; with many pipelines each variant is
+    applied to every pipeline at once (one simulation per variant, not per pipeline).
+    """
     assert best.sim is not None
     plan, sim = best.plan, best.sim
-    for pi, p in enumerate(plan.pipelines):
-        for variant in startup_splits(p.micro_batches):
-            trial = _with_micro(plan, pi, variant)
-            result = simulate_or_none(trial, profile, cluster)
-            if result is not None and result.iteration_s < sim.iteration_s * (1 - 1e-9):
-                plan, sim = trial, result
+    trials: list[Plan] = []
+    if local_search:
+        for pi, p in enumerate(plan.pipelines):
+            trials += [_with_micro(plan, pi, v) for v in startup_splits(p.micro_batches)]
+    else:
+        # the k-th variant of every pipeline's own list, together; on large plans the fill is a small
+        # share of the iteration, so only the first variant (halves) is worth its simulation
+        for k in range(3 if len(plan.pipelines) <= _FEW_PIPELINES else 1):
+            pipes = []
+            for p in plan.pipelines:
+                variants = startup_splits(p.micro_batches)
+                pipes.append(Pipeline(p.batch, variants[k], p.stages) if k < len(variants) else p)
+            if any(a is not b for a, b in zip(pipes, plan.pipelines, strict=True)):
+                trials.append(_replace_pipelines(plan, pipes))
+    for trial in trials:
+        result = simulate_or_none(trial, profile, cluster)
+        if result is not None and result.iteration_s < sim.iteration_s * (1 - 1e-9):
+            plan, sim = trial, result
     if local_search:
         m_of = [max(p.micro_batches) for p in plan.pipelines]
         budget = budget if budget is not None else [_REFINE_TASKS]
