@@ -1,0 +1,89 @@
+"""``hetplan launch`` and ``hetplan report`` end to end on a tiny measured model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli import main
+
+
+def test_profile_plan_launch_report(tmp_path, capsys) -> None:
+    profile, plan, log = tmp_path / "p.yaml", tmp_path / "plan.yaml", tmp_path / "run.jsonl"
+    steps = [
+        [
+            "profile",
+            "gpt",
+            "--layers",
+            "2",
+            "--hidden",
+            "32",
+            "--heads",
+            "2",
+            "--seq",
+            "8",
+            "--vocab",
+            "31",
+            "--micro-batches",
+            "1,2",
+            "--repeat",
+            "2",
+            "--warmup",
+            "1",
+            "-o",
+            str(profile),
+        ],
+        ["plan", str(profile), "profiles/clusters/local-2.yaml", "--batch", "8", "-o", str(plan)],
+        ["launch", str(plan), "--steps", "3", "--emulate", "--log", str(log)],
+        ["report", str(log), str(plan), "--json"],
+    ]
+    for args in steps:
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        assert info.value.code == 0, (args[0], capsys.readouterr().err)
+    out = capsys.readouterr().out
+    report = json.loads(out[out.index("{") :])
+    assert report["steps"] == 3 and report["emulated"]
+    assert report["measured_iteration_s"] > 0 and report["predicted_iteration_s"] > 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {r["step"] for r in records} == {0, 1, 2}
+    assert all(r["loss"] == records[0]["loss"] for r in records if r["step"] == 0)
+
+
+def test_a_user_factory_model_profiles_plans_and_trains(tmp_path, capsys, monkeypatch) -> None:
+    (tmp_path / "my_models.py").write_text(
+        "import torch.nn as nn\n\n"
+        "def build(width=16):\n"
+        "    return nn.Sequential(nn.Sequential(nn.Linear(8, width), nn.ReLU()),\n"
+        "                         nn.Sequential(nn.Linear(width, width), nn.ReLU()), nn.Linear(width, 4))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from pathlib import Path
+
+    clusters = Path(__file__).resolve().parents[2] / "profiles" / "clusters"
+    steps = [
+        [
+            "profile",
+            "my_models:build",
+            "--input-shape",
+            "8",
+            "--kwargs",
+            "width=32",
+            "--micro-batches",
+            "1,2",
+            "--repeat",
+            "2",
+            "-o",
+            "mine.yaml",
+        ],
+        ["plan", "mine.yaml", str(clusters / "local-2.yaml"), "--batch", "8", "-o", "plan.yaml"],
+        ["simulate", "plan.yaml"],
+        ["launch", "plan.yaml", "--steps", "2"],
+    ]
+    for args in steps:
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        assert info.value.code == 0, (args[0], capsys.readouterr().err)
+    assert "trained 2 steps" in capsys.readouterr().out
