@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PROFILE = """\
 schema: hetplan/model-profile/v1
@@ -53,9 +56,7 @@ def test_a_minimal_hand_written_plan_simulates(tmp_path, capsys) -> None:
     folder.mkdir(parents=True)
     (folder / "profile.yaml").write_text(_profile_text())
     plan = folder / "plan.yaml"
-    plan.write_text(
-        PLAN.replace("../../profiles", str((__import__("pathlib").Path(__file__).resolve().parents[2] / "profiles")))
-    )
+    plan.write_text(PLAN.replace("../../profiles", str(ROOT / "profiles")))
     with pytest.raises(SystemExit) as info:
         main(["simulate", str(plan), "--json"])
     assert info.value.code == 0, capsys.readouterr().err
