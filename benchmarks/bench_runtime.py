@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -309,7 +310,7 @@ def torch_pp_worker(args: argparse.Namespace) -> None:
     from planner.runtime.optim import make_optimizer
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank = dist.get_rank()
     model = json.loads(args.model)
     zoo = resolve_model(model)
@@ -364,20 +365,22 @@ def run_torch_pp(args: argparse.Namespace, model: dict, cut: int, micro: int, wo
             "--model", json.dumps(model), "--cut", str(cut), "--micro", str(micro),
             "--batch", str(args.batch), "--steps", str(args.steps), "--out", str(out),
         ]  # fmt: skip
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-    errors = []
+        with open(work / f"torch-pp-{rank}.err", "w", encoding="utf-8") as err:  # the child keeps its own handle
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err))
+    deadline = time.time() + 300
+    while any(p.poll() is None for p in procs) and time.time() < deadline:
+        if any(p.poll() not in (None, 0) for p in procs):  # one failed: the other would wait for it
+            break
+        time.sleep(0.1)
     for p in procs:
-        try:
-            _, err = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
+        if p.poll() is None:
             p.kill()
-            _, err = p.communicate()
-        if p.returncode != 0:
-            errors.append((err or "").strip().splitlines()[-1:] or [f"exit code {p.returncode}"])
+    errors = []
+    for rank, p in enumerate(procs):
+        if p.wait() != 0:
+            text = (work / f"torch-pp-{rank}.err").read_text(encoding="utf-8", errors="replace").strip()
+            errors.append(f"rank {rank}: " + (text.splitlines()[-1] if text else f"exit code {p.returncode}"))
     if errors:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
         raise RuntimeError(f"torch.distributed.pipelining run failed: {errors}")
     results = [json.loads(o.read_text(encoding="utf-8")) for o in outs]
     per_step = [max(r["times"][s] for r in results) for s in range(args.steps)]

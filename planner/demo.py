@@ -3,7 +3,7 @@
 Steps, each writing a file a user can open, on this machine:
 
 1. profile: measure the zoo GPT block by block here (torch, one thread: what each rank gets);
-2. plan it for the bundled local cluster ``local-4`` (4 ranks: 2 at full speed, 2 emulated at half);
+2. plan it for the bundled local cluster ``local-2`` (2 ranks, one a core: one at full speed, one emulated 3x slower);
 3. simulate the plan and draw its timeline;
 4. launch: train it for real, one process per device (gloo), each rank emulating its device type;
 5. report: what the run measured beside what the plan predicted.
@@ -32,7 +32,7 @@ from planner.views.simulation import simulation_renderables
 
 __all__ = ["DEMO_CLUSTER", "DEMO_MODEL", "run_demo"]
 
-DEMO_CLUSTER = "local-4.yaml"
+DEMO_CLUSTER = "local-2.yaml"
 DEMO_MODEL = {"family": "gpt", "config": {"layers": 4, "hidden": 128, "heads": 4, "seq": 64, "vocab": 512}}
 DEMO_BATCH = 32
 DEMO_STEPS = 12

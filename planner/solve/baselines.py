@@ -1,6 +1,7 @@
 """The plans users know, on the same inputs and scored by the same simulator.
 
-* ``uniform``: the chosen plan's pipelines, the same number of blocks per stage, equal batches.
+* ``uniform``: the best searched plan's pipelines (before the baselines compete and before
+  refinement), the same number of blocks per stage, equal batches.
 * ``deepspeed_parameters``: cuts balancing parameter counts (DeepSpeed's ``partition_method=
   "parameters"``), equal batches.
 * ``torchgpipe_time``: cuts balancing per-block time measured on one device type, the first stage's
