@@ -123,8 +123,13 @@ def _family_options(func: Any) -> Any:
 @click.option("--kwargs", "factory_kwargs", default=None, help="Arguments of a module:factory model, e.g. width=64.")
 @click.option("--repeat", default=5, show_default=True, type=click.IntRange(min=1), help="Timed runs per size.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(min=0), help="Untimed runs first.")
-@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Torch threads while measuring (1 matches each rank of 'hetplan launch').")
+@click.option(
+    "--threads",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Torch threads while measuring (1 matches each rank of 'hetplan launch').",
+)
 @click.option("--dtype", default="fp32", type=click.Choice(["fp32", "tf32", "fp16", "bf16"]), show_default=True)
 @click.option("--micro-batches", default="1,2,4,8", show_default=True, help="Micro-batch sizes to time.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile file to write.")
@@ -631,6 +636,12 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
 @click.option("--save", default=None, type=click.Path(file_okay=False), help="Save a checkpoint (per block) here.")
 @click.option("--resume", default=None, type=click.Path(file_okay=False), help="Resume from a checkpoint folder.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1), help="Torch threads per rank.")
+@click.option(
+    "--data",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Train a character-level language model on this text file (gpt models) instead of the synthetic task.",
+)
 def launch(
     plan_file: str,
     steps: int,
@@ -641,12 +652,14 @@ def launch(
     save: str | None,
     resume: str | None,
     threads: int,
+    data: str | None,
 ) -> None:
     """Train a plan here: spawn every rank on this machine (gloo), show progress, summarise.
 
     \b
-    Example:
+    Examples:
       hetplan launch plan.yaml --steps 20 --emulate --log run.jsonl
+      hetplan launch plan.yaml --steps 200 --data book.txt      # a character-level language model
     """
     import tempfile
 
@@ -657,7 +670,13 @@ def launch(
     from planner.runtime.launcher import launch_local
 
     loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
-    config = build_rank_config(loaded, loaded_profile, loaded_cluster, seed=seed, lr=lr, backend="gloo")
+    if data:  # fail here, in one line, rather than in every rank
+        from planner.models import resolve_model
+        from planner.runtime.textdata import batches_for
+
+        data = str(Path(data).resolve())
+        batches_for(loaded_profile.model, resolve_model(loaded_profile.model), data)
+    config = build_rank_config(loaded, loaded_profile, loaded_cluster, seed=seed, lr=lr, backend="gloo", data=data)
     folder = Path(tempfile.mkdtemp(prefix="hetplan-launch-"))
     write_yaml(config, folder / "rank-config.yaml")
     label = " (EMULATED device speeds)" if emulate else ""

@@ -202,10 +202,12 @@ def parse_profile(data: dict[str, Any], *, file: str | None = None) -> ModelProf
     if not isinstance(config, dict):
         raise model.error("expected a mapping of the model's settings", "config")
     shape = model.raw("input_shape", None)  # a module:factory model's per-sample input shape
-    if shape is not None and (not isinstance(shape, list) or not shape
-                              or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
-        raise model.error(f"expected a list of positive integers such as [3, 224, 224], got {shape!r}",
-                          "input_shape")
+    if shape is not None and (
+        not isinstance(shape, list)
+        or not shape
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)
+    ):
+        raise model.error(f"expected a list of positive integers such as [3, 224, 224], got {shape!r}", "input_shape")
     model.done()
     dtype = f.str("dtype", choices=DTYPES)
     dtype_bytes = DTYPE_BYTES[dtype]

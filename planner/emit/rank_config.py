@@ -32,6 +32,7 @@ def build_rank_config(
     lr: float | None = None,
     backend: str = "gloo",
     timeout_s: float = 60.0,
+    data: str | None = None,
 ) -> dict[str, Any]:
     """The rank config of ``plan`` as a plain dict (deterministic key order)."""
     compiled = compile_plan(plan, len(profile.blocks))
@@ -71,6 +72,7 @@ def build_rank_config(
             "seed": seed,
             "backend": backend,
             "timeout_s": timeout_s,
+            **({"data": data} if data else {}),
         },
         "pipelines": [p.to_dict() for p in plan.pipelines],
         "world_size": len(devices),

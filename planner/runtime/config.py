@@ -45,6 +45,7 @@ class RuntimeConfig:
     nodes: dict[str, list[str]]
     predicted_iteration_s: float | None
     file: str
+    data: str | None = None  # a text file for a character-level language model
 
 
 def load_rank_config(path: str | Path) -> RuntimeConfig:
@@ -66,6 +67,7 @@ def load_rank_config(path: str | Path) -> RuntimeConfig:
     seed = t.integer("seed", minimum=0)
     backend = t.str("backend", choices=("gloo", "nccl"))
     timeout_s = t.number("timeout_s", positive=True)
+    text_data = t.str("data", None)
     t.done()
     plan = parse_plan(
         {
@@ -118,4 +120,5 @@ def load_rank_config(path: str | Path) -> RuntimeConfig:
         nodes=nodes,
         predicted_iteration_s=predicted.get("iteration_s"),
         file=str(path),
+        data=text_data,
     )

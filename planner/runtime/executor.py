@@ -19,6 +19,7 @@ from planner.runtime.comm import tag_of, wait
 from planner.runtime.config import RuntimeConfig
 from planner.runtime.data import micro_offsets, pipeline_offsets
 from planner.runtime.optim import make_optimizer
+from planner.runtime.textdata import batches_for
 from planner.schedule.actions import Action, Kind
 from planner.schedule.compile import CompiledPlan
 
@@ -81,6 +82,7 @@ class RankExecutor:
         self.program = compiled.programs[address]
         self.actions: list[Action] = self.program.actions
         self.zoo = resolve_model(config.model)
+        self.batches = batches_for(config.model, self.zoo, config.data)
         self.names = self.zoo.block_names()
         self.block_list = [
             b.to(device) for b in self.zoo.build_blocks(self.program.start, self.program.end, config.seed)
@@ -134,7 +136,7 @@ class RankExecutor:
         begin = time.perf_counter()
         inputs = targets = None
         if self.first or self.last:
-            inputs, targets = self.zoo.sample_batch(cfg.global_batch, seed=cfg.seed, step=step)
+            inputs, targets = self.batches.sample_batch(cfg.global_batch, seed=cfg.seed, step=step)
         x_in: dict[int, torch.Tensor] = {}
         y_out: dict[int, torch.Tensor] = {}
         grad_out: dict[int, torch.Tensor] = {}

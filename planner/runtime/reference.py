@@ -9,6 +9,7 @@ import torch
 
 from planner.models import resolve_model
 from planner.runtime.optim import make_optimizer
+from planner.runtime.textdata import batches_for
 
 __all__ = ["train_reference"]
 
@@ -23,15 +24,17 @@ def train_reference(
     steps: int,
     start_step: int = 0,
     blocks: list[torch.nn.Module] | None = None,
+    data: str | None = None,
 ) -> tuple[list[float], list[torch.nn.Module]]:
     """Losses (mean over the global batch) per step, and the trained blocks."""
     zoo = resolve_model(model)
+    batches = batches_for(model, zoo, data)
     blocks = blocks or zoo.build_blocks(0, zoo.n_blocks, seed)
     params = [p for b in blocks for p in b.parameters()]
     opt = make_optimizer(optimizer, params, lr)
     losses = []
     for step in range(start_step, start_step + steps):
-        inputs, targets = zoo.sample_batch(global_batch, seed=seed, step=step)
+        inputs, targets = batches.sample_batch(global_batch, seed=seed, step=step)
         x = inputs
         for b in blocks:
             x = b(x)

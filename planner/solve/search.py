@@ -233,8 +233,9 @@ def _moves(plan: Plan, m_of: list[int]) -> list[Plan]:
     return out
 
 
-def _refine(best: Candidate, profile: ModelProfile, cluster: Cluster, *, local_search: bool,
-            budget: list[int] | None = None) -> Candidate:
+def _refine(
+    best: Candidate, profile: ModelProfile, cluster: Cluster, *, local_search: bool, budget: list[int] | None = None
+) -> Candidate:
     """Startup splitting, then (small plans) hill-climbing on cuts and batch shares.
 
     Startup splitting is tried per pipeline on small plans; with many pipelines each variant is

@@ -149,3 +149,28 @@ def test_the_validator_refuses_a_schedule_that_would_deadlock() -> None:
     # a backward before its forward is refused too
     with pytest.raises(HetplanError, match="before its forward"):
         validate_programs({**programs, "n0/1": list(reversed(programs["n0/1"]))})
+
+
+def test_a_character_level_language_model_on_a_text_file(tmp_path) -> None:
+    text = tmp_path / "book.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    plan = _plan([Pipeline(8, (4, 4), (_stage(0, 3, "n0/0"), _stage(3, 6, "n0/1")))])
+    profile = _profile(GPT)
+    cluster = make_cluster([("n0", [("cpu", 2)])])
+    config = build_rank_config(plan, profile, cluster, seed=7, backend="gloo", data=str(text))
+    path = tmp_path / "rank-config.yaml"
+    write_yaml(config, path)
+    result = launch_local(path, steps=STEPS)
+    losses, _ = train_reference(
+        GPT, global_batch=8, optimizer="sgd", lr=config["training"]["lr"], seed=7, steps=STEPS, data=str(text)
+    )
+    assert [r["loss"] for r in result.records if r["rank"] == 0] == pytest.approx(losses, abs=1e-5)
+
+
+def test_a_text_with_more_characters_than_the_vocabulary_is_refused(tmp_path) -> None:
+    from planner.runtime.textdata import TextData
+
+    text = tmp_path / "wide.txt"
+    text.write_text("".join(chr(c) for c in range(40, 120)) * 3)
+    with pytest.raises(HetplanError, match="--vocab 80"):
+        TextData(text, seq=8, vocab=31)
