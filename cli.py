@@ -28,6 +28,21 @@ def _print_all(items: list[Any]) -> None:
     print_all(console, items)
 
 
+def _progress(label: str, target: Console) -> Any:
+    """A progress bar (label, bar, done/total, elapsed) shown only on a terminal."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=target,
+        transient=True,
+        disable=not target.is_terminal,
+    )
+
+
 def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
@@ -201,17 +216,8 @@ def profile(
             )
         model = {"family": family, "config": config}
     targets = [catalog.get(n, field="--estimate-for") for n in _csv(estimate_for, param="--estimate-for")]
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(
-        TextColumn(f"measuring on {run_device}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=not err_console.is_terminal,
-    ) as bar:
+    with _progress(f"measuring on {run_device}", err_console) as bar:
         task = bar.add_task("measure", total=None)
         result = measure_profile(
             model,
@@ -457,7 +463,6 @@ def plan(
     Example:
       hetplan plan gpt.profile.yaml profiles/clusters/mixed-a100-v100.yaml --batch 512 -o plan.yaml
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from planner.contracts.cluster import load_cluster
     from planner.contracts.model_profile import load_profile
@@ -480,15 +485,7 @@ def plan(
         micro_batch_sizes=sizes,
         max_stages=max_stages,
     )
-    with Progress(
-        TextColumn("searching structures"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=not err_console.is_terminal,
-    ) as bar:
+    with _progress("searching structures", err_console) as bar:
         task = bar.add_task("search", total=None)
         result = plan_training(
             loaded_profile,
@@ -663,8 +660,6 @@ def launch(
     """
     import tempfile
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from planner.contracts.yamlio import write_yaml
     from planner.emit import build_rank_config
     from planner.runtime.launcher import launch_local
@@ -680,15 +675,7 @@ def launch(
     folder = Path(tempfile.mkdtemp(prefix="hetplan-launch-"))
     write_yaml(config, folder / "rank-config.yaml")
     label = " (EMULATED device speeds)" if emulate else ""
-    with Progress(
-        TextColumn(f"training {len(config['devices'])} ranks{label}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    ) as bar:
+    with _progress(f"training {len(config['devices'])} ranks{label}", console) as bar:
         task = bar.add_task("steps", total=steps)
         result = launch_local(
             folder / "rank-config.yaml",

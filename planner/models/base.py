@@ -172,3 +172,23 @@ class ClassificationTask:
     @staticmethod
     def loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output.float(), targets, reduction="sum")
+
+
+class ClassificationModel(ZooModel):
+    """A zoo model trained on a :class:`ClassificationTask` (``self.task``, set by the subclass):
+    batches, loss, input dtype and shape all come from the task."""
+
+    task: ClassificationTask
+
+    def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.task.sample_batch(batch_size, seed=seed, step=step)
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy summed over samples."""
+        return self.task.loss(output, targets)
+
+    def input_dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def sample_shape(self) -> tuple[int, ...]:
+        return self.task.shape

@@ -10,15 +10,14 @@ learns quickly (the tests check that a few SGD steps lower the loss).
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
-from planner.models.base import ClassificationTask, ZooModel
+from planner.models.base import ClassificationModel, ClassificationTask
 
 __all__ = ["MlpModel"]
 
 
-class MlpModel(ZooModel):
+class MlpModel(ClassificationModel):
     """The zoo MLP for a full, checked config (keys as the analytic ``mlp`` family)."""
 
     def __init__(self, config: dict[str, int]) -> None:
@@ -39,15 +38,3 @@ class MlpModel(ZooModel):
             return nn.Sequential(nn.Linear(fin, c["classes"]))
         return nn.Sequential(nn.Linear(fin, c["width"]), nn.ReLU())
 
-    def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.task.sample_batch(batch_size, seed=seed, step=step)
-
-    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy summed over samples."""
-        return self.task.loss(output, targets)
-
-    def input_dtype(self) -> torch.dtype:
-        return torch.float32
-
-    def sample_shape(self) -> tuple[int, ...]:
-        return self.task.shape

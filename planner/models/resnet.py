@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.models.base import ClassificationTask, ZooModel, uninitialised
+from planner.models.base import ClassificationModel, ClassificationTask, uninitialised
 from planner.profile.analytic.resnet import EXPANSION, LAYOUTS, WIDTHS
 
 __all__ = ["Basic", "Bottleneck", "ResnetHead", "ResnetModel", "Stem"]
@@ -113,7 +113,7 @@ class ResnetHead(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
-class ResnetModel(ZooModel):
+class ResnetModel(ClassificationModel):
     """The zoo ResNet for a full, checked config (keys as the analytic ``resnet`` family)."""
 
     def __init__(self, config: dict[str, int]) -> None:
@@ -146,15 +146,3 @@ class ResnetModel(ZooModel):
         _, cin, width, stride = self.layout[index - 1]
         return (Bottleneck if self.bottleneck else Basic)(cin, width, stride)
 
-    def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.task.sample_batch(batch_size, seed=seed, step=step)
-
-    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy summed over samples."""
-        return self.task.loss(output, targets)
-
-    def input_dtype(self) -> torch.dtype:
-        return torch.float32
-
-    def sample_shape(self) -> tuple[int, ...]:
-        return self.task.shape

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.models.base import ClassificationTask, ZooModel, uninitialised
+from planner.models.base import ClassificationModel, ClassificationTask, uninitialised
 from planner.profile.analytic.vgg import CHANNELS, FC_WIDTH, LAYOUTS, POOL_SIDE
 
 __all__ = ["ConvBlock", "FcBlock", "VggModel"]
@@ -58,7 +58,7 @@ class FcBlock(nn.Module):
         return x if self.relu is None else self.relu(x)
 
 
-class VggModel(ZooModel):
+class VggModel(ClassificationModel):
     """The zoo VGG for a full, checked config (keys as the analytic ``vgg`` family)."""
 
     def __init__(self, config: dict[str, int]) -> None:
@@ -90,15 +90,3 @@ class VggModel(ZooModel):
             return FcBlock(FC_WIDTH, FC_WIDTH, pool=False, relu=True)
         return FcBlock(FC_WIDTH, self.config["classes"], pool=False, relu=False)
 
-    def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.task.sample_batch(batch_size, seed=seed, step=step)
-
-    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy summed over samples."""
-        return self.task.loss(output, targets)
-
-    def input_dtype(self) -> torch.dtype:
-        return torch.float32
-
-    def sample_shape(self) -> tuple[int, ...]:
-        return self.task.shape
