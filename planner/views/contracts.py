@@ -149,38 +149,6 @@ def profile_summary(profile: ModelProfile) -> dict[str, Any]:
     }
 
 
-def plan_table(plan: Plan) -> list[Any]:
-    table = Table(
-        title=f"Plan: global batch {plan.global_batch}, {plan.schedule}, {len(plan.pipelines)} pipelines",
-        title_justify="left",
-    )
-    for col in ("pipeline", "batch", "micro-batches", "stage", "blocks", "devices"):
-        table.add_column(col)
-    for pi, p in enumerate(plan.pipelines):
-        for si, s in enumerate(p.stages):
-            devices = ", ".join(
-                f"{d} ({share:.0%})" if s.replicated else d for d, share in zip(s.devices, s.shares, strict=True)
-            )
-            first = si == 0
-            table.add_row(
-                str(pi) if first else "",
-                str(p.batch) if first else "",
-                " ".join(map(str, p.micro_batches)) if first else "",
-                str(si),
-                f"[{s.start}, {s.end})",
-                devices,
-            )
-    out: list[Any] = [table]
-    if plan.predicted:
-        out.append(
-            Text(
-                "predicted: "
-                + ", ".join(f"{k} {v}" for k, v in plan.predicted.items() if not isinstance(v, (dict, list)))
-            )
-        )
-    return out
-
-
 def plan_summary(plan: Plan) -> dict[str, Any]:
     return {"kind": "plan", **plan.to_dict()}
 
@@ -224,7 +192,6 @@ _TABLES = {
     "catalog": catalog_table,
     "cluster": cluster_table,
     "profile": profile_table,
-    "plan": plan_table,
     "runlog": runlog_table,
 }
 _SUMMARIES = {
@@ -237,7 +204,8 @@ _SUMMARIES = {
 
 
 def renderables(kind: str, obj: Any) -> list[Any]:
-    """Rich objects that show ``obj`` (a loaded contract of ``kind``) to a person."""
+    """Rich objects that show ``obj`` (a loaded contract of ``kind``) to a person; a plan needs its
+    cluster, so it is shown by :func:`planner.views.plan.plan_summary_renderables` instead."""
     out = _TABLES[kind](obj)
     return out if isinstance(out, list) else [out]
 
