@@ -10,7 +10,9 @@ families that cover what heterogeneity-aware planners build:
 
 * per type, pipelines of S stages inside a node or spanning several nodes of that type (Metis,
   Sailor), optionally with stages replicated r ways inside a node (DAPPLE, PipeDream);
-* mixed virtual workers that take a slice of every type (HetPipe), stage order by memory;
+* mixed virtual workers that take a node-slice of every type (HetPipe), stage order by memory, the
+  slices paired by an assignment ILP (:mod:`planner.solve.mapping`) so the cuts between them cross
+  the fastest links and no node carries two workers' cuts;
 * any subset of device types, so a type that would slow the iteration can be left idle.
 """
 
@@ -21,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from planner.contracts.cluster import Cluster, Device
+from planner.solve.mapping import pair_nodes
 from planner.solve.partition import Slot
 
 __all__ = [
@@ -176,16 +179,21 @@ def _mixed_workers(cluster: Cluster, by_type: dict[str, list[list[Device]]], *, 
     types = [t for t, classes in by_type.items() if classes]
     if len(types) < 2:
         return
-    # one class of each type per worker, as many workers as the scarcest type allows
+    # one node-slice of each type per worker (types in memory order), as many workers as the scarcest
+    # type allows; which slice joins which is an assignment ILP that keeps the cut between consecutive
+    # types on the fastest links, one worker per node-slice (planner/solve/mapping.py)
     order = sorted(types, key=lambda t: -cluster.catalog.get(t).memory)
-    n_workers = min(len(by_type[t]) for t in order)
+    workers: list[list[list[Device]]] = [[cls] for cls in by_type[order[0]]]
+    for t in order[1:]:
+        pairs = pair_nodes(cluster, [w[-1][0] for w in workers], [cls[0] for cls in by_type[t]])
+        workers = [workers[i] + [by_type[t][j]] for i, j in pairs]
     pipes = []
-    for w in range(n_workers):
-        devices = [d for t in order for d in by_type[t][w]]
+    for w in workers:
+        devices = [d for cls in w for d in cls]
         if len(devices) <= max_stages:
             pipes.append(tuple(Slot.of([d]) for d in devices))
     if pipes:
-        yield Structure(tuple(pipes), "mixed virtual workers (a node of each type)")
+        yield Structure(tuple(pipes), "mixed virtual workers (a node of each type, paired by ILP)")
 
 
 def candidate_structures(cluster: Cluster, *, n_blocks: int, max_stages: int = 16) -> Iterator[Structure]:
