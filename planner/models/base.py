@@ -174,17 +174,18 @@ class ClassificationTask:
         return F.cross_entropy(output.float(), targets, reduction="sum")
 
 
-class ClassificationModel(ZooModel):
-    """A zoo model trained on a :class:`ClassificationTask` (``self.task``, set by the subclass):
-    batches, loss, input dtype and shape all come from the task."""
+class TaskModel(ZooModel):
+    """A model trained on a synthetic task (``self.task``, set by the subclass: a
+    :class:`ClassificationTask`, or a factory model's regression task): batches, loss, input dtype
+    and per-sample shape all come from the task."""
 
-    task: ClassificationTask
+    task: Any
 
     def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.task.sample_batch(batch_size, seed=seed, step=step)
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy summed over samples."""
+        """The task's loss, summed over samples (cross-entropy, or mean squared error per sample)."""
         return self.task.loss(output, targets)
 
     def input_dtype(self) -> torch.dtype:

@@ -35,7 +35,13 @@ import torch
 from torch import nn
 
 from planner.errors import HetplanError
-from planner.models.base import ClassificationTask, ZooModel, _check_batch_size, derive_seed, sample_generator
+from planner.models.base import (
+    ClassificationTask,
+    TaskModel,
+    _check_batch_size,
+    derive_seed,
+    sample_generator,
+)
 
 __all__ = ["FactoryModel", "RegressionTask", "load_factory"]
 
@@ -127,7 +133,7 @@ class RegressionTask:
         return (diff * diff).reshape(diff.shape[0], -1).mean(dim=1).sum()
 
 
-class FactoryModel(ZooModel):
+class FactoryModel(TaskModel):
     """A user model from a factory; see the module docstring."""
 
     def __init__(self, factory: str, config: Mapping[str, Any] | None, input_shape: Any) -> None:
@@ -223,16 +229,3 @@ class FactoryModel(ZooModel):
         if not 0 <= start <= end <= self.n_blocks:
             raise HetplanError(f"expected 0 <= start <= end <= {self.n_blocks}, got [{start}, {end})", field="blocks")
         return self._call(seed)[0][start:end]
-
-    def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.task.sample_batch(batch_size, seed=seed, step=step)
-
-    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy (classification) or per-sample mean squared error (regression), summed."""
-        return self.task.loss(output, targets)
-
-    def input_dtype(self) -> torch.dtype:
-        return torch.float32
-
-    def sample_shape(self) -> tuple[int, ...]:
-        return self.shape

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from planner.models.base import ClassificationModel, ClassificationTask
+from planner.models.base import ClassificationTask, TaskModel
 
 __all__ = ["MlpModel"]
 
 
-class MlpModel(ClassificationModel):
+class MlpModel(TaskModel):
     """The zoo MLP for a full, checked config (keys as the analytic ``mlp`` family)."""
 
     def __init__(self, config: dict[str, int]) -> None:
@@ -37,4 +37,3 @@ class MlpModel(ClassificationModel):
         if index == self.n_blocks - 1:
             return nn.Sequential(nn.Linear(fin, c["classes"]))
         return nn.Sequential(nn.Linear(fin, c["width"]), nn.ReLU())
-

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.models.base import ClassificationModel, ClassificationTask, uninitialised
+from planner.models.base import ClassificationTask, TaskModel, uninitialised
 from planner.profile.analytic.resnet import EXPANSION, LAYOUTS, WIDTHS
 
 __all__ = ["Basic", "Bottleneck", "ResnetHead", "ResnetModel", "Stem"]
@@ -113,7 +113,7 @@ class ResnetHead(nn.Module):
         return self.fc(torch.flatten(self.pool(x), 1))
 
 
-class ResnetModel(ClassificationModel):
+class ResnetModel(TaskModel):
     """The zoo ResNet for a full, checked config (keys as the analytic ``resnet`` family)."""
 
     def __init__(self, config: dict[str, int]) -> None:
@@ -145,4 +145,3 @@ class ResnetModel(ClassificationModel):
             return ResnetHead(self.channels, self.config["classes"])
         _, cin, width, stride = self.layout[index - 1]
         return (Bottleneck if self.bottleneck else Basic)(cin, width, stride)
-

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.models.base import ClassificationModel, ClassificationTask, uninitialised
+from planner.models.base import ClassificationTask, TaskModel, uninitialised
 from planner.profile.analytic.vgg import CHANNELS, FC_WIDTH, LAYOUTS, POOL_SIDE
 
 __all__ = ["ConvBlock", "FcBlock", "VggModel"]
@@ -58,7 +58,7 @@ class FcBlock(nn.Module):
         return x if self.relu is None else self.relu(x)
 
 
-class VggModel(ClassificationModel):
+class VggModel(TaskModel):
     """The zoo VGG for a full, checked config (keys as the analytic ``vgg`` family)."""
 
     def __init__(self, config: dict[str, int]) -> None:
@@ -89,4 +89,3 @@ class VggModel(ClassificationModel):
         if fc == 1:
             return FcBlock(FC_WIDTH, FC_WIDTH, pool=False, relu=True)
         return FcBlock(FC_WIDTH, self.config["classes"], pool=False, relu=False)
-

@@ -186,7 +186,6 @@ def test_a_user_factory_model_profiles() -> None:
     assert compare_with_analytic(profile, profile.model) == []
 
 
-@pytest.mark.xfail(reason="planner/contracts/model_profile.py does not yet accept model.input_shape", strict=False)
 def test_a_user_factory_profile_is_a_valid_contract() -> None:
     model = {"factory": "user_models:build", "config": {"width": 32}, "input_shape": [8]}
     profile = measure_profile(model, micro_batches=(1,), warmup=0, repeat=1, threads=1)
