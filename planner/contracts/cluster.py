@@ -129,9 +129,6 @@ class Cluster:
     def node(self, name: str) -> Node:
         return self._node[name]
 
-    def has_device(self, address: str) -> bool:
-        return address in self._devices
-
     def device(self, address: str, *, file: str | None = None, field: str | None = None) -> Device:
         """The device at ``node/index``; an unknown address is a located error."""
         try:

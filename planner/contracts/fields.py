@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from planner import units
@@ -247,6 +247,3 @@ class Fields:
     def sub(self, key: str | int, value: Any) -> Fields:
         """A :class:`Fields` for a value found under ``key`` (a mapping entry or list index)."""
         return Fields(value, file=self.file, path=self.where(key))
-
-    def iter_list(self, key: str) -> Iterator[tuple[int, Any]]:
-        yield from enumerate(self.list(key))

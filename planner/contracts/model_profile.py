@@ -113,10 +113,6 @@ class ModelProfile:
                 names.append(name)
         return names
 
-    def has_times_for(self, device: DeviceType) -> bool:
-        name = self._times_key(device)
-        return name is not None
-
     def _times_key(self, device: DeviceType) -> str | None:
         if self.blocks and all(device.name in b.times for b in self.blocks):
             return device.name

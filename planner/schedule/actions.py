@@ -24,10 +24,6 @@ class Kind(str, Enum):
     STEP = "OPT"
 
     @property
-    def is_compute(self) -> bool:
-        return self in (Kind.FORWARD, Kind.BACKWARD)
-
-    @property
     def is_send(self) -> bool:
         return self in (Kind.SEND_ACT, Kind.SEND_GRAD)
 

@@ -54,9 +54,6 @@ class CostTables:
         fwd, bwd = self._prefix(type_name, m)
         return fwd + bwd
 
-    def prefix_fwd_bwd(self, type_name: str, m: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._prefix(type_name, m)
-
     def stage_time(self, type_name: str, m: int, start: int, end: int) -> float:
         p = self.prefix(type_name, m)
         return float(p[end] - p[start])
