@@ -289,8 +289,10 @@ def load_plan_inputs(
 
     A file whose digest differs from the one recorded means the plan was made for other inputs:
     with ``strict`` that is an error naming the field, since simulating or launching it would be
-    silently wrong.
+    silently wrong. An override is another file on purpose, so its digest is not compared (the plan
+    is still checked against it by :func:`check_plan`).
     """
+    overridden = {"profile": profile is not None, "cluster": cluster is not None}
     paths = {
         "profile": Path(profile) if profile else _input_path(plan, "profile"),
         "cluster": Path(cluster) if cluster else _input_path(plan, "cluster"),
@@ -301,7 +303,7 @@ def load_plan_inputs(
                 f"the {key} file {str(path)!r} does not exist", file=plan.file, field=f"inputs.{key}.path"
             )
         recorded = plan.inputs.get(key, {}).get("sha256")
-        if strict and recorded and sha256_of(path) != recorded:
+        if strict and recorded and not overridden[key] and sha256_of(path) != recorded:
             raise HetplanError(
                 f"{path} has changed since the plan was made (sha256 differs); re-run 'hetplan plan'",
                 file=plan.file,
