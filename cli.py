@@ -715,9 +715,19 @@ def report(log_file: str, plan_file: str, as_json: bool) -> None:
     """
     from planner.contracts.plan import load_plan
     from planner.contracts.runlog import load_run_log
-    from planner.views.report import report_renderables, report_rows
+    from planner.views.report import check_log_matches, report_renderables, report_rows
 
-    rows = report_rows(load_run_log(log_file), load_plan(plan_file))
+    records, loaded = load_run_log(log_file), load_plan(plan_file)
+    check_log_matches(records, loaded, log_file=log_file)
+    emulated = False
+    try:  # the inputs say whether the plan's devices are emulated; a report works without them
+        from planner.contracts.plan import load_plan_inputs
+        from planner.views import plan_is_emulated
+
+        emulated = plan_is_emulated(loaded, load_plan_inputs(loaded)[1])
+    except HetplanError:
+        pass
+    rows = report_rows(records, loaded, emulated_plan=emulated)
     if as_json:
         _print_json(rows)
     else:

@@ -184,6 +184,19 @@ def _optional_mapping(f: Fields, key: str) -> dict[str, Any]:
     return value
 
 
+def _predicted(f: Fields) -> dict[str, Any]:
+    """The ``predicted`` section; the figures other tools and ``show`` read must be numbers."""
+    section = _optional_mapping(f, "predicted")
+    sub = f.sub("predicted", section)
+    for key in ("iteration_s", "samples_per_s", "bubble_fraction"):
+        if key in section:
+            sub.check_number(section[key], key, minimum=0.0)
+    for key in ("stages", "memory"):
+        if key in section and not isinstance(section[key], (list, dict)):
+            raise sub.error(f"expected a {'list' if key == 'stages' else 'mapping'}, got {section[key]!r}", key)
+    return section
+
+
 def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
     """Build a :class:`Plan` from a parsed mapping; checks what needs no other file."""
     f = Fields(data, file=file)
@@ -259,7 +272,7 @@ def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
         sync=f.str("sync", "allreduce", choices=SYNC_MODES),
         inputs=inputs,
         tool=tool if isinstance(tool, dict) else {"name": str(tool)},
-        predicted=_optional_mapping(f, "predicted"),
+        predicted=_predicted(f),
         baselines=_optional_mapping(f, "baselines"),
         details=_optional_mapping(f, "details"),
         file=file,

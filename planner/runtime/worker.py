@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> None:
     backend = args.backend or config.backend
     if backend == "nccl" and not torch.cuda.is_available():
         raise HetplanError("backend nccl needs CUDA, and this machine has none; use --backend gloo", field="--backend")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if backend == "nccl" else torch.device("cpu")
+    # the GPU is the device's own index (NODE/INDEX), not LOCAL_RANK: a plan may leave a node's other
+    # GPUs idle, and torchrun starts one process per *used* device
+    device = torch.device("cuda", int(address.split("/")[1])) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.set_num_threads(args.threads)

@@ -25,6 +25,7 @@ import numpy as np
 from planner.contracts.cluster import Cluster, parse_cluster
 from planner.contracts.model_profile import Block, ModelProfile, Timing
 from planner.contracts.plan import Pipeline, Plan, Stage
+from planner.errors import HetplanError
 from planner.solve.batching import micro_batch_list
 
 __all__ = ["BASELINES", "balanced_cuts", "baseline_plans", "equal_shares"]
@@ -133,7 +134,9 @@ def _homogeneous_inputs(profile: ModelProfile, cluster: Cluster, mode: str) -> t
     return homogeneous_profile, parse_cluster(data, file=cluster.file, catalog=cluster.catalog)
 
 
-def _data_parallel(profile: ModelProfile, cluster: Cluster, reference_opts, proportional: bool) -> Plan | None:
+def _data_parallel(
+    profile: ModelProfile, cluster: Cluster, reference_opts, proportional: bool, micro: int = 8
+) -> Plan | None:
     devices = list(cluster.devices)
     batch = reference_opts.global_batch
     if batch < len(devices):
@@ -152,9 +155,8 @@ def _data_parallel(profile: ModelProfile, cluster: Cluster, reference_opts, prop
             shares[i] -= 1
     else:
         shares = equal_shares(batch, len(devices))
-    m = 8
     pipes = [
-        Pipeline(b, micro_batch_list(b, min(m, b)), (Stage(0, len(profile.blocks), (d.address,), (1.0,)),))
+        Pipeline(b, micro_batch_list(b, min(micro, b)), (Stage(0, len(profile.blocks), (d.address,), (1.0,)),))
         for d, b in zip(devices, shares, strict=True)
     ]
     return Plan(
@@ -204,9 +206,14 @@ def baseline_plans(profile: ModelProfile, cluster: Cluster, opts, reference: Pla
         h_profile, h_cluster = _homogeneous_inputs(profile, cluster, mode)
         try:
             h_plan = plan_training(h_profile, h_cluster, inner).plan
-        except Exception:
+        except HetplanError:  # nothing fits when every device is taken as that type: a result
             h_plan = None
         score(f"homogeneous_{mode}", h_plan)
-    score("data_parallel_equal", _data_parallel(profile, cluster, opts, proportional=False))
-    score("data_parallel_proportional", _data_parallel(profile, cluster, opts, proportional=True))
+    sizes = sorted(opts.micro_batch_sizes or (1, 2, 4, 8), reverse=True)
+    for name, proportional in (("data_parallel_equal", False), ("data_parallel_proportional", True)):
+        # the largest micro-batch (up to 8, or the sizes asked for) at which every device holds the model
+        for m in [s for s in sizes if s <= 8] or sizes[-1:]:
+            score(name, _data_parallel(profile, cluster, opts, proportional=proportional, micro=m))
+            if out[name] is not None:
+                break
     return out

@@ -36,7 +36,7 @@ from planner.simulate.simulator import SimResult, simulate
 from planner.solve.batching import allocate_batch, micro_batch_list, startup_splits
 from planner.solve.bounds import compute_lower_bound
 from planner.solve.partition import Partition, Slot, partition
-from planner.solve.structures import EXHAUSTIVE_DEVICES, Structure, candidate_structures
+from planner.solve.structures import EXHAUSTIVE_DEVICES, EXHAUSTIVE_STRUCTURES, Structure, candidate_structures
 from planner.solve.tables import CostTables
 
 __all__ = ["Candidate", "PlanOptions", "PlanResult", "evaluate_structure", "plan_training", "simulate_or_none"]
@@ -330,7 +330,7 @@ def plan_training(
     # exhaustive structures are few enough to simulate every one; otherwise the estimate prunes
     if opts.top_k:
         top_k = opts.top_k
-    elif len(cluster.devices) <= EXHAUSTIVE_DEVICES:
+    elif len(cluster.devices) <= EXHAUSTIVE_DEVICES and len(structures) <= EXHAUSTIVE_STRUCTURES:
         top_k = len(candidates)
     else:
         top_k = 8 if len(cluster.devices) <= 16 else 3

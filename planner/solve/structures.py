@@ -36,6 +36,7 @@ __all__ = [
 ]
 
 EXHAUSTIVE_DEVICES = 6
+EXHAUSTIVE_STRUCTURES = 2000
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,10 @@ def candidate_structures(cluster: Cluster, *, n_blocks: int, max_stages: int = 1
     """Exhaustive for small clusters, structured families otherwise."""
     limit = min(max_stages, n_blocks)
     if len(cluster.devices) <= EXHAUSTIVE_DEVICES:
-        yield from exhaustive_structures(cluster, max_stages=limit)
-    else:
-        yield from structured_families(cluster, max_stages=limit)
+        # few devices of many types can still mean thousands of arrangements (6 devices of 6 types:
+        # 8463), each simulated: past EXHAUSTIVE_STRUCTURES the structured families take over
+        structures = list(itertools.islice(exhaustive_structures(cluster, max_stages=limit), EXHAUSTIVE_STRUCTURES + 1))
+        if len(structures) <= EXHAUSTIVE_STRUCTURES:
+            yield from structures
+            return
+    yield from structured_families(cluster, max_stages=limit)

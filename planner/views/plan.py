@@ -61,8 +61,8 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster) -> list[Any]:
     if "lower_bound_s" in details:
         out.append(
             Text(
-                f"lower bound {format_time(details['lower_bound_s'])} (all devices busy at their best "
-                f"rate, no communication): the plan is {details['gap_to_lower_bound']:.1%} above it"
+                f"lower bound {format_time(details['lower_bound_s'])} (each block on its best device type, "
+                f"every device busy, no communication): the plan is {details['gap_to_lower_bound']:.1%} above it"
             )
         )
     if details.get("idle_devices"):

@@ -10,12 +10,35 @@ from rich.text import Text
 
 from planner.contracts.plan import Plan
 from planner.contracts.runlog import StepRecord
+from planner.errors import HetplanError
 from planner.units import format_time
 
 __all__ = ["report_renderables", "report_rows"]
 
 
-def report_rows(records: list[StepRecord], plan: Plan, *, skip_steps: int = 1) -> dict[str, Any]:
+def check_log_matches(records: list[StepRecord], plan: Plan, *, log_file: str | None = None) -> None:
+    """Refuse a run log that another plan produced: every record's device must be in its stage."""
+    stages = {(pi, si): set(st.devices) for pi, p in enumerate(plan.pipelines) for si, st in enumerate(p.stages)}
+    for r in records:
+        if r.device not in stages.get((r.pipeline, r.stage), set()):
+            raise HetplanError(
+                f"rank {r.rank} ran {r.device} as pipeline {r.pipeline} stage {r.stage}, which plan "
+                f"{plan.file or '(given)'} does not have: the log was produced by another plan",
+                file=log_file,
+                field=f"step {r.step} rank {r.rank}",
+            )
+    missing = {d for devices in stages.values() for d in devices} - {r.device for r in records}
+    if missing:
+        raise HetplanError(
+            f"no record from {', '.join(sorted(missing))}, which the plan uses: the log was produced by another plan",
+            file=log_file,
+            field="device",
+        )
+
+
+def report_rows(
+    records: list[StepRecord], plan: Plan, *, skip_steps: int = 1, emulated_plan: bool = False
+) -> dict[str, Any]:
     """Per stage and in total: measured (median over steps after the warm-up ones) vs predicted."""
     steps = sorted({r.step for r in records})
     kept = [r for r in records if r.step >= steps[min(skip_steps, len(steps) - 1)]]
@@ -56,12 +79,20 @@ def report_rows(records: list[StepRecord], plan: Plan, *, skip_steps: int = 1) -
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "emulated": any(r.emulated_slowdown for r in records),
+        "warnings": (
+            [
+                "the plan's devices are emulated types but the run did not emulate them (--emulate): "
+                "the predictions assume the emulated speeds"
+            ]
+            if emulated_plan and not any(r.emulated_slowdown for r in records)
+            else []
+        ),
         "stages": stages,
     }
 
 
 def report_renderables(rows: dict[str, Any]) -> list[Any]:
-    out: list[Any] = []
+    out: list[Any] = [Text(f"warning: {w}", style="bold yellow") for w in rows.get("warnings", [])]
     if rows["emulated"]:
         out.append(Text("device speeds were EMULATED on this machine (slowdown factors)", style="bold yellow"))
     table = Table(title="Measured vs predicted (median over steps, warm-up excluded)", title_justify="left")

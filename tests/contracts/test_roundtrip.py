@@ -190,3 +190,17 @@ def test_documented_examples_load(tmp_path: Path) -> None:
             obj.save(once)
             again = load_profile(once) if kind == "profile" else load_plan(once)
             assert dump_yaml(again.to_dict()) == once.read_text(encoding="utf-8")
+
+
+def test_a_plan_with_a_non_numeric_prediction_is_refused(tmp_path) -> None:
+    from planner.contracts.plan import load_plan
+    from planner.errors import HetplanError
+
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "schema: hetplan/plan/v1\ninputs: {profile: {path: a.yaml}, cluster: {path: b.yaml}}\nglobal_batch: 1\n"
+        "pipelines: [{batch: 1, micro_batches: [1], stages: [{blocks: [0, 1], devices: [n0/0]}]}]\n"
+        "predicted: {iteration_s: x}\n"
+    )
+    with pytest.raises(HetplanError, match=r"predicted\.iteration_s: expected a number"):
+        load_plan(path)

@@ -87,3 +87,27 @@ def test_a_user_factory_model_profiles_plans_and_trains(tmp_path, capsys, monkey
             main(args)
         assert info.value.code == 0, (args[0], capsys.readouterr().err)
     assert "trained 2 steps" in capsys.readouterr().out
+
+
+def test_a_run_log_of_another_plan_is_refused(tmp_path, capsys) -> None:
+    from planner.contracts.plan import Pipeline, Plan, Stage
+    from planner.contracts.runlog import StepRecord
+    from planner.errors import HetplanError
+    from planner.views.report import check_log_matches
+
+    plan = Plan(global_batch=2, pipelines=[Pipeline(2, (1, 1), (Stage(0, 2, ("n0/0",), (1.0,)),))])
+    record = StepRecord(
+        step=0,
+        rank=0,
+        pipeline=0,
+        stage=0,
+        device="n0/1",
+        iteration_s=1.0,
+        compute_s=1.0,
+        wait_s=0.0,
+        comm_s=0.0,
+        loss=1.0,
+        peak_memory_bytes=1.0,
+    )
+    with pytest.raises(HetplanError, match="produced by another plan"):
+        check_log_matches([record], plan, log_file="run.jsonl")

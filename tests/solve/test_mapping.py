@@ -12,10 +12,14 @@ from planner.solve.mapping import pair_nodes
 
 
 def _cluster(n_left: int, n_right: int, bandwidths: list[float]):
-    nodes = [(f"a{i}", [("A100-80GB", 1)]) for i in range(n_left)] + [(f"b{j}", [("V100-16GB", 1)])
-                                                                       for j in range(n_right)]
-    overrides = [{"between": [f"a{i}", f"b{j}"], "bandwidth": bandwidths[i * n_right + j]}
-                 for i in range(n_left) for j in range(n_right)]
+    nodes = [(f"a{i}", [("A100-80GB", 1)]) for i in range(n_left)] + [
+        (f"b{j}", [("V100-16GB", 1)]) for j in range(n_right)
+    ]
+    overrides = [
+        {"between": [f"a{i}", f"b{j}"], "bandwidth": bandwidths[i * n_right + j]}
+        for i in range(n_left)
+        for j in range(n_right)
+    ]
     cluster = make_cluster(nodes, inter="1GB/s", overrides=overrides)
     left = [cluster.device(f"a{i}/0") for i in range(n_left)]
     right = [cluster.device(f"b{j}/0") for j in range(n_right)]
@@ -41,8 +45,9 @@ def test_equal_links_pair_in_index_order() -> None:
 @settings(max_examples=60, deadline=None)
 @given(n_left=st.integers(1, 4), n_right=st.integers(1, 4), data=st.data())
 def test_the_ilp_matches_brute_force(n_left, n_right, data) -> None:
-    bandwidths = data.draw(st.lists(st.sampled_from([1e9, 2e9, 5e9, 10e9, 25e9]), min_size=n_left * n_right,
-                                    max_size=n_left * n_right))
+    bandwidths = data.draw(
+        st.lists(st.sampled_from([1e9, 2e9, 5e9, 10e9, 25e9]), min_size=n_left * n_right, max_size=n_left * n_right)
+    )
     cluster, left, right = _cluster(n_left, n_right, bandwidths)
     pairs = pair_nodes(cluster, left, right)
     count = min(n_left, n_right)

@@ -130,3 +130,15 @@ def test_cli_infeasible_batch_is_one_line(tmp_path, capsys) -> None:
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no plan fits" in err and "more devices" in err
+
+
+def test_the_lower_bound_holds_when_each_type_is_fastest_on_different_blocks() -> None:
+    # A100 is 10x faster on blocks 0-1, V100 10x faster on blocks 2-3: a pipeline puts each block on
+    # its fast type, which a whole-model-per-device bound would wrongly exclude
+    fast, slow = (0.01, 0.02), (0.1, 0.2)
+    profile = make_profile(4, per_block={A100: [fast, fast, slow, slow], V100: [slow, slow, fast, fast]})
+    cluster = make_cluster([("n0", [(A100, 1), (V100, 1)])])
+    result = plan_training(profile, cluster, PlanOptions(global_batch=64, optimizer="sgd"))
+    assert result.lower_bound_s <= result.sim.iteration_s
+    # every block on its fast type (0.03 s a sample), the work shared by both devices
+    assert result.lower_bound_s == pytest.approx(64 * 4 * 0.03 / 2)
