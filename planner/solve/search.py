@@ -318,7 +318,11 @@ def plan_training(
     search = _Search(profile, cluster, opts)
     for device_type in cluster.device_types.values():
         profile.time_scale(device_type)  # a missing device type is an error before any search
-    structures = list(candidate_structures(cluster, n_blocks=len(profile.blocks), max_stages=opts.max_stages))
+    structures = list(
+        candidate_structures(
+            cluster, n_blocks=len(profile.blocks), max_stages=opts.max_stages, max_pipelines=opts.global_batch
+        )
+    )
     candidates: list[Candidate] = []
     for i, structure in enumerate(structures):
         candidate = search.evaluate(structure)

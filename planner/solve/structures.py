@@ -58,7 +58,7 @@ def _classes(devices: list[Device]) -> list[list[Device]]:
     return list(by_key.values())
 
 
-def exhaustive_structures(cluster: Cluster, *, max_stages: int) -> Iterator[Structure]:
+def exhaustive_structures(cluster: Cluster, *, max_stages: int, max_pipelines: int = 10**9) -> Iterator[Structure]:
     """Every arrangement of a subset of devices into ordered pipelines of single-device stages,
     one representative per symmetry class."""
     classes = _classes(list(cluster.devices))
@@ -73,6 +73,8 @@ def exhaustive_structures(cluster: Cluster, *, max_stages: int) -> Iterator[Stru
     def extend(start: int, used: list[int], chosen: list[tuple[int, ...]]) -> Iterator[list[tuple[int, ...]]]:
         if chosen:
             yield list(chosen)
+        if len(chosen) >= max_pipelines:  # each pipeline needs at least one sample of the batch
+            return
         for idx in range(start, len(sequences)):
             seq = sequences[idx]
             need = [seq.count(c) for c in range(k)]
@@ -197,13 +199,16 @@ def _mixed_workers(cluster: Cluster, by_type: dict[str, list[list[Device]]], *, 
         yield Structure(tuple(pipes), "mixed virtual workers (a node of each type, paired by ILP)")
 
 
-def candidate_structures(cluster: Cluster, *, n_blocks: int, max_stages: int = 16) -> Iterator[Structure]:
+def candidate_structures(
+    cluster: Cluster, *, n_blocks: int, max_stages: int = 16, max_pipelines: int = 10**9
+) -> Iterator[Structure]:
     """Exhaustive for small clusters, structured families otherwise."""
     limit = min(max_stages, n_blocks)
     if len(cluster.devices) <= EXHAUSTIVE_DEVICES:
         # few devices of many types can still mean thousands of arrangements (6 devices of 6 types:
         # 8463), each simulated: past EXHAUSTIVE_STRUCTURES the structured families take over
-        structures = list(itertools.islice(exhaustive_structures(cluster, max_stages=limit), EXHAUSTIVE_STRUCTURES + 1))
+        arrangements = exhaustive_structures(cluster, max_stages=limit, max_pipelines=max_pipelines)
+        structures = list(itertools.islice(arrangements, EXHAUSTIVE_STRUCTURES + 1))
         if len(structures) <= EXHAUSTIVE_STRUCTURES:
             yield from structures
             return
