@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.contracts.fields import Fields
+from planner.contracts.yamlio import read_text
 from planner.errors import HetplanError
 
 __all__ = ["RUNLOG_SCHEMA", "StepRecord", "load_run_log", "parse_record"]
@@ -73,16 +74,7 @@ def parse_record(data: Any, *, file: str | None, line: int) -> StepRecord:
 def load_run_log(path: str | Path) -> list[StepRecord]:
     """Read every record of a JSON-lines run log; a bad line is reported by its number."""
     name = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise HetplanError("file not found", file=name) from None
-    except IsADirectoryError:
-        raise HetplanError("is a directory, expected a JSON-lines run log", file=name) from None
-    except UnicodeDecodeError:
-        raise HetplanError("not a text file (invalid UTF-8); expected JSON lines", file=name) from None
-    except OSError as exc:
-        raise HetplanError(f"cannot read: {exc.strerror}", file=name) from None
+    text = read_text(path, kind="a JSON-lines run log", what="JSON lines")
     records = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

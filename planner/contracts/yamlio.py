@@ -17,7 +17,7 @@ import yaml
 
 from planner.errors import HetplanError
 
-__all__ = ["dump_yaml", "read_mapping", "schema_of", "sha256_of", "write_yaml"]
+__all__ = ["dump_yaml", "read_mapping", "read_text", "schema_of", "sha256_of", "write_yaml"]
 
 
 class _Loader(yaml.SafeLoader):
@@ -65,21 +65,28 @@ _SCIENTIFIC = re.compile(r"^(?:[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+|[-
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _SCIENTIFIC, list("-+0123456789."))
 
 
-def read_mapping(path: str | Path) -> dict[str, Any]:
-    """Parse a YAML (or JSON) file whose top level must be a mapping."""
+def read_text(path: str | Path, *, kind: str, what: str) -> str:
+    """A file's UTF-8 text; a missing file, a folder, unreadable or non-UTF-8 bytes become one located
+    error (``kind``: what the file should be, e.g. "a YAML file"; ``what``: its format, e.g. "YAML")."""
     name = str(path)
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
         raise HetplanError("file not found", file=name) from None
     except IsADirectoryError:
-        raise HetplanError("is a directory, expected a YAML file", file=name) from None
+        raise HetplanError(f"is a directory, expected {kind}", file=name) from None
     except OSError as exc:
         raise HetplanError(f"cannot read: {exc.strerror}", file=name) from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise HetplanError("not a text file (invalid UTF-8); expected YAML", file=name) from None
+        raise HetplanError(f"not a text file (invalid UTF-8); expected {what}", file=name) from None
+
+
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """Parse a YAML (or JSON) file whose top level must be a mapping."""
+    name = str(path)
+    text = read_text(path, kind="a YAML file", what="YAML")
     if "\x00" in text:
         raise HetplanError("not a text file (NUL bytes); expected YAML", file=name)
     if not text.strip():
