@@ -734,6 +734,34 @@ def report(log_file: str, plan_file: str, as_json: bool) -> None:
         _print_all(report_renderables(rows))
 
 
+# --------------------------------------------------------------------------- calibrate
+@cli.command()
+@click.argument("profile_file", metavar="PROFILE", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
+@click.argument("measurements_file", metavar="MEASUREMENTS", type=click.Path(dir_okay=False))
+@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def calibrate(profile_file: str, cluster_file: str, measurements_file: str, output_dir: str, as_json: bool) -> None:
+    """Fit the profile's compute times, the cluster's links, collective efficiency and memory
+    reserve to measured runs; write DIR/profile.yaml and DIR/cluster.yaml for plan, simulate, compare.
+
+    \b
+    MEASUREMENTS (hetplan/measurements/v1) lists runs: a plan with a run log of 'hetplan launch
+    --log', or a plan with the iteration time (and peak memory) any runtime measured.
+    Example:
+      hetplan calibrate gpt.profile.yaml cluster.yaml measured.yaml -o calibrated/
+      hetplan simulate plan-b.yaml --profile calibrated/profile.yaml --cluster calibrated/cluster.yaml
+    """
+    from planner.calibrate import calibrate_files
+    from planner.calibrate.view import calibration_json, calibration_renderables
+
+    result, written = calibrate_files(profile_file, cluster_file, measurements_file, output_dir)
+    if as_json:
+        _print_json(calibration_json(result, written))
+    else:
+        _print_all(calibration_renderables(result, written))
+
+
 # --------------------------------------------------------------------------- demo
 @cli.command()
 @click.option("-o", "--output-dir", default="hetplan-demo", show_default=True, type=click.Path(file_okay=False))

@@ -20,13 +20,79 @@ from planner.contracts.paths import bundled_profiles_dir
 from planner.contracts.yamlio import read_mapping, schema_of
 from planner.errors import HetplanError
 
-__all__ = ["DTYPES", "DTYPE_BYTES", "Catalog", "DeviceType", "load_catalog", "parse_device_spec"]
+__all__ = [
+    "DEFAULT_FRAGMENTATION",
+    "DTYPES",
+    "DTYPE_BYTES",
+    "AchievedEfficiency",
+    "Catalog",
+    "DeviceType",
+    "default_reserve",
+    "load_catalog",
+    "parse_device_spec",
+]
 
 CATALOG_SCHEMA = "hetplan/devices/v1"
 
 #: Compute dtypes a profile or plan may name, with their storage size in bytes.
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
 DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
+
+#: Generic reserve for a type that states none: 1 GiB, or 10% of a small device's memory.
+_GENERIC_RESERVE_BYTES = 1.0 * 2**30
+_GENERIC_RESERVE_FRACTION = 0.10
+#: PyTorch's caching allocator typically loses a few percent of the allocated bytes to fragmentation
+#: in steady-state training (docs/cost-model.md, Memory): 5% unless a type states otherwise.
+DEFAULT_FRAGMENTATION = 0.05
+
+
+def default_reserve(memory: float) -> float:
+    """The generic reserve: 1 GiB, or 10% of a small device's memory, whichever is smaller."""
+    return min(_GENERIC_RESERVE_BYTES, _GENERIC_RESERVE_FRACTION * memory)
+
+
+@dataclass(frozen=True)
+class AchievedEfficiency:
+    """What real kernels reach on one device type, as fractions of its data-sheet peaks.
+
+    A peak is an upper bound nobody trains at; these figures turn it into an honest estimate
+    (docs/estimates.md; the model that uses them is :mod:`planner.profile.efficiency`). Each bundled
+    figure cites its source in profiles/devices.yaml.
+
+    gemm: per dtype, the fraction of that dtype's peak a cuBLAS-class GEMM sustains at training
+        shapes once it fills the GPU. A dtype the type lacks runs at the fp32 rate and uses the
+        fp32 figure.
+    attention: the fraction *of the gemm figure* that the batched score and context matmuls of
+        attention reach (one small matmul per head, inner or outer size = head dim 64-128).
+    memory: the fraction of memory bandwidth that elementwise, norm and softmax kernels reach.
+    launch_s: seconds added per kernel (host dispatch plus launch).
+    sms: streaming multiprocessors: a GEMM fills the GPU once it has about this many output tiles.
+    """
+
+    gemm: dict[str, float]
+    attention: float
+    memory: float
+    launch_s: float
+    sms: int
+
+    def gemm_fraction(self, dtype: str) -> float | None:
+        """The stated GEMM figure for ``dtype`` (bf16 shares fp16's when only that is stated)."""
+        if dtype in self.gemm:
+            return self.gemm[dtype]
+        if dtype == "bf16" and "fp16" in self.gemm:
+            return self.gemm["fp16"]
+        return None
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain values, as recorded in a profile's ``source``."""
+        return {
+            "gemm": dict(self.gemm),
+            "attention": self.attention,
+            "memory": self.memory,
+            "launch_s": self.launch_s,
+            "sms": self.sms,
+        }
+
 
 # Where a catalog lacks a dtype, the nearest one it runs at (tf32 math falls back to fp32, bf16
 # on a pre-Ampere GPU is emulated at no better than fp32 rate; fp16 without tensor cores likewise).
@@ -45,6 +111,45 @@ class DeviceType:
     aliases: tuple[str, ...] = ()
     emulates: str | None = None
     slowdown: float = 1.0
+    #: Bytes a training process cannot use for tensors: the CUDA context, cuBLAS/cuDNN workspaces,
+    #: NCCL's buffers and the gap between the marketed and the driver-reported capacity. None:
+    #: the generic rule of :func:`default_reserve` (catalog entries state their own, with a source).
+    reserve: float | None = None
+    #: Fraction of the tensor bytes lost to the caching allocator's fragmentation (blocks split and
+    #: cached but not reusable for the next request size); tensors x (1 + this) must fit.
+    fragmentation: float = DEFAULT_FRAGMENTATION
+    #: Achieved fractions of the peaks per kind of work (docs/estimates.md); None: the generic
+    #: figures of :mod:`planner.profile.efficiency`, used for inline types that state none.
+    efficiency: AchievedEfficiency | None = None
+
+    def math_dtype(self, dtype: str) -> str:
+        """The dtype whose peak ``dtype`` math actually runs at here (``peak_flops``'s fallback)."""
+        if dtype in self.peak:
+            return dtype
+        fallback = _DTYPE_FALLBACK.get(dtype)
+        if fallback and fallback in self.peak:
+            return fallback
+        raise HetplanError(f"device type {self.name} has no peak FLOP/s for {dtype}")
+
+    @property
+    def reserve_bytes(self) -> float:
+        """The stated reserve, or the generic rule for a type that states none."""
+        return self.reserve if self.reserve is not None else default_reserve(self.memory)
+
+    def fits(self, tensor_bytes: float) -> bool:
+        """Whether ``tensor_bytes`` of live tensors fit: tensors x (1 + fragmentation) + reserve <= memory."""
+        return tensor_bytes * (1.0 + self.fragmentation) + self.reserve_bytes <= self.memory
+
+    @property
+    def usable_tensor_bytes(self) -> float:
+        """The most live tensor bytes that fit (the inverse of :meth:`fits`)."""
+        return max(0.0, (self.memory - self.reserve_bytes) / (1.0 + self.fragmentation))
+
+    def supports(self, dtype: str) -> bool:
+        """Whether the type can run ``dtype``: fp32 always; tf32 always (a type without TF32 math
+        runs it as fp32, exactly as precise); fp16 and bf16 only where the catalog lists a rate
+        (bf16 on a V100, T4, Turing card or P100 would be emulated, far slower than planned)."""
+        return dtype in ("fp32", "tf32") or dtype in self.peak
 
     @property
     def emulated(self) -> bool:
@@ -53,12 +158,7 @@ class DeviceType:
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s at ``dtype`` (falling back to fp32 where the type lacks it)."""
-        if dtype in self.peak:
-            return self.peak[dtype]
-        fallback = _DTYPE_FALLBACK.get(dtype)
-        if fallback and fallback in self.peak:
-            return self.peak[fallback]
-        raise HetplanError(f"device type {self.name} has no peak FLOP/s for {dtype}")
+        return self.peak[self.math_dtype(dtype)]
 
     def label(self) -> str:
         """Name as shown to people; emulated types say so."""
@@ -79,6 +179,38 @@ def _parse_peak(f: Fields, key: str) -> dict[str, float]:
     return peak
 
 
+def _fragmentation(f: Fields) -> float:
+    value = f.number("fragmentation", DEFAULT_FRAGMENTATION, minimum=0.0)
+    if value >= 1.0:
+        raise f.error(f"expected a fraction in [0, 1), got {value:g}", "fragmentation")
+    return value
+
+
+def _fraction(f: Fields, value: object, key: str) -> float:
+    return f.check_number(value, key, positive=True, maximum=1.0)
+
+
+def _parse_efficiency(f: Fields) -> AchievedEfficiency:
+    """``efficiency: {gemm: {dtype: fraction}, attention: f, memory: f, launch: 5us, sms: n}``."""
+    gemm: dict[str, float] = {}
+    for dtype, value in f.mapping_items("gemm"):
+        if dtype not in DTYPE_BYTES:
+            raise f.error(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}", f"gemm.{dtype}")
+        gemm[dtype] = _fraction(f, value, f"gemm.{dtype}")
+    if "fp32" not in gemm:
+        raise f.error("expected an fp32 figure (every dtype the type lacks runs at the fp32 rate)", "gemm.fp32")
+    eff = AchievedEfficiency(
+        gemm=gemm,
+        attention=_fraction(f, f.raw("attention"), "attention"),
+        memory=_fraction(f, f.raw("memory"), "memory"),
+        launch_s=f.time("launch"),
+        sms=f.integer("sms", minimum=1),
+    )
+    f.raw("source", None)  # a citation; kept in the file
+    f.done()
+    return eff
+
+
 def parse_device_spec(name: str, f: Fields) -> DeviceType:
     """A full device description: ``memory``, ``memory_bandwidth``, ``tflops: {dtype: TFLOP/s}``."""
     device = DeviceType(
@@ -88,7 +220,15 @@ def parse_device_spec(name: str, f: Fields) -> DeviceType:
         peak=_parse_peak(f, "tflops"),
         vendor=f.str("vendor", ""),
         aliases=tuple(f.list("aliases", [], non_empty=False)),
+        reserve=f.bytes("reserve", None, positive=False),
+        fragmentation=_fragmentation(f),
+        efficiency=_parse_efficiency(f.child("efficiency")) if f.has("efficiency") else None,
     )
+    for dtype in device.efficiency.gemm if device.efficiency else ():
+        if dtype != "fp32" and dtype not in device.peak:
+            raise f.error(f"a gemm figure for {dtype}, which this type has no peak for", f"efficiency.gemm.{dtype}")
+    if device.reserve is not None and device.reserve >= device.memory:
+        raise f.error(f"expected a reserve below the memory ({device.memory:.0f} bytes)", "reserve")
     for i, alias in enumerate(device.aliases):
         if not isinstance(alias, str) or not alias:
             raise f.error("expected a non-empty string", f"aliases[{i}]")
@@ -166,11 +306,13 @@ def parse_emulated(name: str, f: Fields, catalog: Catalog) -> DeviceType:
             "slowdown",
         )
     memory = f.bytes("memory", base.memory)
+    reserve = f.bytes("reserve", base.reserve, positive=False)
     f.done()
     return replace(
         base,
         name=name,
         memory=memory,
+        reserve=reserve,
         peak={k: v / slowdown for k, v in base.peak.items()},
         memory_bandwidth=base.memory_bandwidth / slowdown,
         aliases=(),

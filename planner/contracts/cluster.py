@@ -12,7 +12,7 @@ links are *shared*: concurrent transfers out of (or into) one node split its net
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -28,6 +28,9 @@ CLUSTER_SCHEMA = "hetplan/cluster/v1"
 #: The most devices one ``{type, count}`` entry may add. No server holds more; a larger number is a
 #: typo, and would otherwise build millions of device objects before anything else is checked.
 MAX_DEVICES_PER_ENTRY = 4096
+
+#: ``collective_efficiency`` above this is a typo (a collective 100x faster than its links allow).
+MAX_COLLECTIVE_EFFICIENCY = 100.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class Cluster:
         catalog: Catalog,
         file: str | None = None,
         description: str = "",
+        collective_efficiency: float = 1.0,
+        calibrated: dict | None = None,
     ) -> None:
         self.name = name
         self.nodes = nodes
@@ -106,6 +111,11 @@ class Cluster:
         self.catalog = catalog
         self.file = file
         self.description = description
+        #: Measured all-reduce speed relative to the alpha-beta ring model (``CostModel.allreduce``
+        #: divides the model's time by it): 1.0 is the model as written, 0.8 a collective 25% slower.
+        self.collective_efficiency = collective_efficiency
+        #: ``hetplan calibrate``'s note of the fit that wrote this file (free-form; empty otherwise).
+        self.calibrated = calibrated or {}
         self._devices = {d.address: d for n in nodes for d in n.devices}
         self._node = {n.name: n for n in nodes}
 
@@ -259,6 +269,11 @@ def parse_cluster(data: dict, *, file: str | None = None, catalog: Catalog | Non
         overrides.append(_PairLink(nodes=pair, link=_parse_link(o, shared=True)))
         o.done()
     network_f.done()
+    nodes, inline = _apply_reserves(f, nodes, inline)
+    collective_efficiency = f.number("collective_efficiency", 1.0, positive=True, maximum=MAX_COLLECTIVE_EFFICIENCY)
+    calibrated = f.raw("calibrated", {})
+    if not isinstance(calibrated, dict):
+        raise f.error("expected a mapping (the note 'hetplan calibrate' writes)", "calibrated")
     f.done()
     return Cluster(
         name=name,
@@ -269,7 +284,37 @@ def parse_cluster(data: dict, *, file: str | None = None, catalog: Catalog | Non
         catalog=catalog.with_types(inline),
         file=file,
         description=description,
+        collective_efficiency=collective_efficiency,
+        calibrated=calibrated,
     )
+
+
+def _apply_reserves(
+    f: Fields, nodes: list[Node], inline: dict[str, DeviceType]
+) -> tuple[list[Node], dict[str, DeviceType]]:
+    """``reserve: {TYPE: 2GiB}``: a per-type memory reserve measured on this cluster (``hetplan
+    calibrate`` writes it) replaces the catalog's for every device of that type."""
+    given = f.mapping_items("reserve", [])
+    if not given:
+        return nodes, inline
+    present = {d.type.name: d.type for n in nodes for d in n.devices}
+    replaced: dict[str, DeviceType] = {}
+    for name, _ in given:
+        if name not in present:
+            raise f.error(
+                f"no device of type {name!r} in this cluster (types: {', '.join(present)})", f"reserve.{name}"
+            )
+        device_type = present[name]
+        reserve = f.sub("reserve", f.raw("reserve")).bytes(name, positive=False)
+        if reserve >= device_type.memory:
+            raise f.error(
+                f"expected a reserve below the type's memory ({device_type.memory:.0f} bytes)", f"reserve.{name}"
+            )
+        replaced[name] = replace(device_type, reserve=reserve)
+    nodes = [
+        replace(n, devices=tuple(replace(d, type=replaced.get(d.type.name, d.type)) for d in n.devices)) for n in nodes
+    ]
+    return nodes, {**inline, **replaced}
 
 
 def load_cluster(path: str | Path, *, catalog: Catalog | None = None) -> Cluster:

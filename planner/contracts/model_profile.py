@@ -26,7 +26,8 @@ from planner.errors import HetplanError
 __all__ = ["PROFILE_SCHEMA", "TIME_SOURCES", "Block", "ModelProfile", "Timing", "load_profile", "parse_profile"]
 
 PROFILE_SCHEMA = "hetplan/model-profile/v1"
-TIME_SOURCES = ("measured", "estimated", "imported")
+#: ``calibrated``: a time rescaled by ``hetplan calibrate`` to fit measured runs (docs/calibration.md).
+TIME_SOURCES = ("measured", "estimated", "imported", "calibrated")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ __all__ = [
     "Pipeline",
     "Plan",
     "Stage",
+    "check_dtype_supported",
     "check_plan",
     "load_plan",
     "load_plan_inputs",
@@ -354,3 +355,22 @@ def check_plan(plan: Plan, cluster: Cluster, profile: ModelProfile) -> None:
         raise HetplanError(
             f"plan dtype {plan.dtype} differs from the profile's {profile.dtype}", file=plan.file, field="dtype"
         )
+    check_dtype_supported(cluster, plan.dtype or profile.dtype, plan.all_devices(), file=plan.file, field="dtype")
+
+
+def check_dtype_supported(
+    cluster: Cluster, dtype: str, addresses: list[str] | None = None, *, file: str | None, field: str
+) -> None:
+    """Refuse a dtype that a device of ``addresses`` (default: every device) cannot run natively:
+    bf16 on a V100, T4, Turing card or P100 would run emulated, far slower than any time in the
+    profile, and its numerics are not what the user asked for."""
+    devices = [cluster.device(a) for a in addresses] if addresses is not None else list(cluster.devices)
+    for device in devices:
+        if not device.type.supports(dtype):
+            native = ", ".join(sorted({"fp32", *device.type.peak}))
+            raise HetplanError(
+                f"{device.address} is a {device.type.name}, which cannot run {dtype} natively (it runs "
+                f"{native}); profile and plan for one of those, or leave the {device.type.name}s out",
+                file=file,
+                field=field,
+            )

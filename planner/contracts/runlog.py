@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.contracts.catalog import DTYPES
 from planner.contracts.fields import Fields
 from planner.contracts.yamlio import read_text
 from planner.errors import HetplanError
@@ -37,12 +38,23 @@ class StepRecord:
     wait_s: float
     comm_s: float
     loss: float | None
-    peak_memory_bytes: float
+    peak_memory_bytes: float | None  # peak live tensor bytes; None on a CPU step that was not measured
     emulated_slowdown: float | None = None
+    memory_measured: str | None = None  # how: "cuda allocator" or "cpu allocator profile"
+    dtype: str | None = None
+    loss_scale: float | None = None  # fp16 runs: the dynamic loss scale used this step
+    skipped_step: bool | None = None  # fp16 runs: the step was skipped (a gradient overflowed)
 
     def to_json(self) -> str:
         data: dict[str, Any] = {"schema": RUNLOG_SCHEMA, **asdict(self)}
         return json.dumps(data, sort_keys=False)
+
+
+def _optional_bool(f: Fields, key: str) -> bool | None:
+    value = f.raw(key, None)
+    if value is not None and not isinstance(value, bool):
+        raise f.error(f"expected true or false, got {value!r}", key)
+    return value
 
 
 def parse_record(data: Any, *, file: str | None, line: int) -> StepRecord:
@@ -64,8 +76,12 @@ def parse_record(data: Any, *, file: str | None, line: int) -> StepRecord:
         wait_s=f.number("wait_s", minimum=0.0),
         comm_s=f.number("comm_s", minimum=0.0),
         loss=loss,
-        peak_memory_bytes=f.number("peak_memory_bytes", minimum=0.0),
+        peak_memory_bytes=f.number("peak_memory_bytes", None, minimum=0.0),
         emulated_slowdown=f.number("emulated_slowdown", None, minimum=1.0),
+        memory_measured=f.str("memory_measured", None),
+        dtype=f.str("dtype", None, choices=DTYPES),
+        loss_scale=f.number("loss_scale", None, positive=True),
+        skipped_step=_optional_bool(f, "skipped_step"),
     )
     f.done()
     return record

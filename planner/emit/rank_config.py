@@ -68,6 +68,7 @@ def build_rank_config(
             "global_batch": plan.global_batch,
             "schedule": plan.schedule,
             "optimizer": plan.optimizer,
+            "dtype": plan.dtype or profile.dtype,
             "lr": lr if lr is not None else DEFAULT_LR[plan.optimizer],
             "seed": seed,
             "backend": backend,

@@ -1,38 +1,56 @@
-"""Roofline time estimates with stated efficiencies.
+"""Time estimates for a block: each kind of work on its own roof, at the rates a device type reaches.
 
-Used by the analytic profiler (FLOPs and bytes from formulas, times from here) and, later, to carry
-a time measured on one device type to another (:func:`scale_time`)::
+Used by the analytic profiler (FLOPs and bytes from formulas, times from here) and to carry a time
+measured on one device type to another (:func:`scale_block_time`)::
 
     from planner.contracts import load_catalog
-    a100 = load_catalog().get("A100-80GB")
-    t = estimate_seconds(2e12, 1e9, a100, "fp16", work_items=4096, kernels=6)   # one forward call
+    from planner.profile.analytic import FAMILIES
+    from planner.profile.roofline import block_seconds
+    v100 = load_catalog().get("V100-16GB")
+    attn = FAMILIES["gpt"].blocks({"seq": 1024}, "fp16")[1]
+    fwd, bwd = block_seconds(attn, v100, "fp16", 8)        # one micro-batch of 8
 
-The model of one block call (all quantities for the whole micro-batch):
+The model of one block call at micro-batch ``m`` (docs/estimates.md): the block's kernels run one
+after another, so its time is the **sum** over its parts (:class:`~planner.profile.analytic.base.Work`)
+of each part's own roofline:
 
-    time = max(flops / (peak(dtype) * compute_efficiency(work_items)),
-               bytes_moved / (memory_bandwidth * memory_efficiency))
-           + kernels * launch_s
+    gemm       max(m·F / (peak(dtype)·gemm_fraction·sat(m·tiles)), bytes(m) / (bandwidth·memory)) + k·launch
+    attention  the same at peak·gemm_fraction·attention (the batched per-head matmuls)
+    memory     bytes(m) / (bandwidth·memory) + k·launch
+    sat(t) = w / (w + 1/2), w = t / SMs             (wave quantization, smoothed)
 
-Small micro-batches run below peak because a GEMM (or implicit-GEMM convolution) with few rows cannot
-fill every SM with full tiles; :func:`compute_efficiency` models that as a saturating curve in the
-number of independent rows of work. All constants live in :class:`Efficiency`, with their reasons.
+with the fractions of :mod:`planner.profile.efficiency` (per device type, cited in the catalog).
+Backward does :data:`BACKWARD_FLOPS_FACTOR` x the FLOPs, twice the activation bytes and kernels.
+
+The older single-roof model (one ``max(compute, memory)`` per block at the raw peak times one
+efficiency for every device, :class:`Efficiency`) is kept below, unchanged: it reproduces profiles
+made before achieved efficiencies existed and is the "before" column of docs/estimates.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from planner.contracts.catalog import DTYPE_BYTES, DeviceType
 from planner.errors import HetplanError
+from planner.profile.efficiency import Achieved, achieved
+
+if TYPE_CHECKING:  # the analytic package imports this module; only the types are needed here
+    from planner.profile.analytic.base import BlockCost, Work
 
 __all__ = [
     "BACKWARD_FLOPS_FACTOR",
     "Efficiency",
+    "block_seconds",
     "compute_efficiency",
     "estimate_fwd_bwd",
     "estimate_seconds",
+    "scale_block_time",
     "scale_time",
+    "work_seconds",
+    "works_seconds",
 ]
 
 #: Backward costs twice the forward FLOPs: one GEMM for the input gradient and one for the weight
@@ -40,9 +58,91 @@ __all__ = [
 BACKWARD_FLOPS_FACTOR = 2.0
 
 
+def work_seconds(work: Work, m: float, rates: Achieved, *, backward: bool = False) -> float:
+    """Seconds of one part of a block call at micro-batch ``m`` (forward, or ``backward``)."""
+    if m < 0:
+        raise HetplanError(f"expected a micro-batch >= 0, got {m!r}", field="micro_batch")
+    factor = BACKWARD_FLOPS_FACTOR if backward else 1.0
+    weights = work.bwd_weights if backward else work.weight_traffic
+    memory = (weights + factor * m * work.traffic) / rates.bandwidth
+    kernels = (2 if backward else 1) * work.kernels * rates.launch_s
+    if work.kind == "memory" or work.flops <= 0 or m == 0:
+        return memory + kernels
+    rate = rates.gemm_flops if work.kind == "gemm" else rates.attention_flops
+    saturation = 1.0 if work.tiles is None else rates.gemm_saturation(m * work.tiles)
+    compute = factor * m * work.flops / (rate * saturation)
+    return max(compute, memory) + kernels
+
+
+def works_seconds(works: Sequence[Work], m: float, rates: Achieved) -> tuple[float, float]:
+    """(forward, backward) seconds of a block made of ``works``: the parts run one after another."""
+    fwd = sum(work_seconds(w, m, rates) for w in works)
+    bwd = sum(work_seconds(w, m, rates, backward=True) for w in works)
+    return fwd, bwd
+
+
+def block_seconds(cost: BlockCost, device: DeviceType, dtype: str, m: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one call of ``cost`` on ``device`` at micro-batch ``m``."""
+    return works_seconds(cost.works(), m, achieved(device, dtype))
+
+
+def scale_block_time(
+    measured_s: float,
+    works: Sequence[Work],
+    m: float,
+    from_device: DeviceType,
+    to_device: DeviceType,
+    dtype: str,
+    *,
+    to_dtype: str | None = None,
+    backward: bool = False,
+) -> float:
+    """Carry a time measured on ``from_device`` to ``to_device`` by the ratio of the two estimates.
+
+    Both estimates use the achieved-efficiency model, so the ratio follows each device's *mix*: a
+    block that is mostly GEMM carries by the ratio of achieved GEMM rates, a LayerNorm by the ratio
+    of achieved bandwidths. The measurement keeps what the model cannot know (the real kernels,
+    fusion, the framework). ``works`` are counted at ``dtype``; ``to_dtype`` (default ``dtype``)
+    lets an fp32 measurement stand for an fp16 run, its bytes scaled by the element sizes.
+    Identity when both devices and dtypes are the same.
+    """
+    if measured_s < 0:
+        raise HetplanError(f"expected a non-negative measured time, got {measured_s!r}", field="measured_s")
+    target_dtype = to_dtype or dtype
+    for name, value in (("dtype", dtype), ("to_dtype", target_dtype)):
+        if value not in DTYPE_BYTES:
+            raise HetplanError(f"unknown dtype {value!r}; expected one of {', '.join(DTYPE_BYTES)}", field=name)
+    scale = DTYPE_BYTES[target_dtype] / DTYPE_BYTES[dtype]
+    target_works = list(works)
+    if scale != 1.0:
+        target_works = [
+            replace(
+                w,
+                traffic=w.traffic * scale,
+                weight_traffic=w.weight_traffic * scale,
+                bwd_weight_traffic=None if w.bwd_weight_traffic is None else w.bwd_weight_traffic * scale,
+            )
+            for w in works
+        ]
+    src, dst = achieved(from_device, dtype), achieved(to_device, target_dtype)
+    source = sum(work_seconds(w, m, src, backward=backward) for w in works)
+    target = sum(work_seconds(w, m, dst, backward=backward) for w in target_works)
+    if source <= 0:
+        return measured_s  # nothing to scale by: the measurement stands as is
+    return measured_s * target / source
+
+
+# -- the single-roof model of earlier profiles -------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Efficiency:
-    """The fractions of the data-sheet peaks a real block reaches; every constant with its reason.
+    """The single-roof model's constants (profiles made before achieved efficiencies existed).
+
+    One fraction of peak for every device type and every kind of work: it made every GPU look
+    several times faster than measured and made device ratios follow paper peaks (docs/estimates.md
+    has the comparison). Passing one to :func:`~planner.profile.analytic.analytic_profile`
+    reproduces such a profile; new estimates use :func:`block_seconds`.
 
     compute_max: best fraction of dense peak FLOP/s a matmul-heavy block sustains once saturated.
         Large cuBLAS/cuDNN GEMMs reach 70-80 % of tensor-core peak, but a whole block also runs
@@ -176,7 +276,8 @@ def scale_time(
     kernels: int = 1,
     efficiency: Efficiency | None = None,
 ) -> float:
-    """Carry a time measured on ``from_device`` to ``to_device`` by the ratio of roofline estimates.
+    """Carry a time by the ratio of two single-roof estimates (the earlier model; new code uses
+    :func:`scale_block_time`, which follows each device's achieved rates per kind of work).
 
     The measurement keeps what the roofline cannot know (the real kernels, fusion, the framework);
     the ratio carries only what differs between the devices: peaks, bandwidth, launch overhead.

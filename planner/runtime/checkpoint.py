@@ -1,7 +1,8 @@
 """Checkpoints keyed by block, so a run saved under one plan resumes under another.
 
 One file per block (``block-0007.pt``): the block's parameters and, per parameter, its optimizer
-state, plus the step. Any rank that holds the block can write it (the holders agree after the
+state (and, for fp16/bf16 runs, its fp32 master copy, which the optimizer updates), plus the
+step. Any rank that holds the block can write it (the holders agree after the
 all-reduce); the first holder does. A resuming rank loads the files of the blocks it now holds.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from planner.errors import HetplanError
+from planner.runtime.precision import Precision
 
 __all__ = ["load_blocks", "save_blocks"]
 
@@ -24,21 +26,25 @@ def _path(folder: Path, index: int) -> Path:
 def save_blocks(
     folder: str | Path,
     blocks: dict[int, torch.nn.Module],
-    optimizer: torch.optim.Optimizer,
+    precision: Precision,
     *,
     step: int,
     names: list[str],
 ) -> None:
     target = Path(folder)
     target.mkdir(parents=True, exist_ok=True)
+    optimizer = precision.optimizer
     for index, block in blocks.items():
-        states = [_to_cpu(optimizer.state.get(p, {})) for p in block.parameters()]
+        masters = [precision.master_of(p) for p in block.parameters()]
+        states = [_to_cpu(optimizer.state.get(m, {})) for m in masters]
         payload = {
             "name": names[index],
             "step": step,
             "params": {k: v.detach().cpu() for k, v in block.state_dict().items()},
             "optimizer": states,
         }
+        if precision.mixed:
+            payload["master"] = [m.detach().cpu().clone() for m in masters]
         tmp = _path(target, index).with_suffix(".tmp")
         torch.save(payload, tmp)
         tmp.replace(_path(target, index))
@@ -49,7 +55,7 @@ def _to_cpu(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_blocks(
-    folder: str | Path, blocks: dict[int, torch.nn.Module], optimizer: torch.optim.Optimizer, *, names: list[str]
+    folder: str | Path, blocks: dict[int, torch.nn.Module], precision: Precision, *, names: list[str]
 ) -> int:
     """Load every held block's parameters and optimizer state; returns the step to continue from."""
     source = Path(folder)
@@ -63,9 +69,18 @@ def load_blocks(
             raise HetplanError(f"checkpoint holds block {payload['name']!r}, expected {names[index]!r}", file=str(path))
         device = next(block.parameters()).device if any(True for _ in block.parameters()) else torch.device("cpu")
         block.load_state_dict({k: v.to(device) for k, v in payload["params"].items()})
-        for p, state in zip(block.parameters(), payload["optimizer"], strict=True):
+        saved_masters = payload.get("master") or [None] * len(payload["optimizer"])
+        for p, state, saved in zip(block.parameters(), payload["optimizer"], saved_masters, strict=True):
+            master = precision.master_of(p)
+            if master is not p:  # fp16/bf16: the fp32 copy, saved or (from an fp32 run) the weights
+                with torch.no_grad():
+                    master.copy_(saved.to(device) if saved is not None else p.float())
+                    p.copy_(master)
+            elif saved is not None:  # an fp16/bf16 checkpoint resumed in fp32: the precise copy
+                with torch.no_grad():
+                    p.copy_(saved.to(device))
             if state:
-                optimizer.state[p] = {
+                precision.optimizer.state[master] = {
                     k: (v.to(device) if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in state.items()
                 }
         step = payload["step"]

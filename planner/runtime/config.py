@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.contracts.catalog import DTYPES
 from planner.contracts.fields import Fields
 from planner.contracts.plan import PLAN_SCHEMA, Plan, parse_plan
 from planner.contracts.yamlio import read_mapping
@@ -46,6 +47,7 @@ class RuntimeConfig:
     predicted_iteration_s: float | None
     file: str
     data: str | None = None  # a text file for a character-level language model
+    dtype: str = "fp32"  # the plan's compute dtype: fp16/bf16 train with fp32 master weights
 
 
 def load_rank_config(path: str | Path) -> RuntimeConfig:
@@ -63,6 +65,7 @@ def load_rank_config(path: str | Path) -> RuntimeConfig:
     global_batch = t.integer("global_batch", minimum=1)
     schedule = t.str("schedule", choices=("1f1b", "gpipe"))
     optimizer = t.str("optimizer", choices=("sgd", "momentum", "adam"))
+    dtype = t.str("dtype", "fp32", choices=DTYPES)
     lr = t.number("lr", positive=True)
     seed = t.integer("seed", minimum=0)
     backend = t.str("backend", choices=("gloo", "nccl"))
@@ -76,6 +79,7 @@ def load_rank_config(path: str | Path) -> RuntimeConfig:
             "global_batch": global_batch,
             "schedule": schedule,
             "optimizer": optimizer,
+            "dtype": dtype,
             "pipelines": f.raw("pipelines"),
         },
         file=str(path),
@@ -121,4 +125,5 @@ def load_rank_config(path: str | Path) -> RuntimeConfig:
         predicted_iteration_s=predicted.get("iteration_s"),
         file=str(path),
         data=text_data,
+        dtype=dtype,
     )

@@ -4,6 +4,20 @@ Gradients are scaled so that one step equals a single-process step on the whole 
 rank's loss is the SUM of its samples' losses divided by the global batch, micro-batches accumulate,
 and each gradient group is all-reduced with SUM over every device that holds it (replicas and
 pipelines alike); the shares of the batch are therefore weighted by their sample counts, exactly.
+
+The action list is executed as its contract says (:mod:`planner.schedule.compile`), which is what
+the simulator times and the validator checks:
+
+* consecutive transfers are posted as one batch (``batch_isend_irecv``, as Megatron's
+  ``send_forward_recv_backward``); a batch with a receive is waited on before the next action, a
+  batch of sends alone completes in the background (its tensors are kept until it has);
+* each gradient group's all-reduce is issued asynchronously from gradient hooks during the device's
+  last backward, the moment the group's gradients are final (groups in id order, the same order
+  on every rank, as DDP issues buckets), and waited on at ``OPT``;
+* boundary tensors are dropped as soon as their consumer has run (a received activation after its
+  backward, an output after the backward through it), so a 1F1B stage holds what the memory
+  model says: at most ``min(S - s, M)`` micro-batches;
+* every collective uses tensors on the rank's device (NCCL needs CUDA tensors).
 """
 
 from __future__ import annotations
@@ -18,12 +32,14 @@ from planner.models import resolve_model
 from planner.runtime.comm import tag_of, wait
 from planner.runtime.config import RuntimeConfig
 from planner.runtime.data import micro_offsets, pipeline_offsets
-from planner.runtime.optim import make_optimizer
+from planner.runtime.precision import Precision, run_blocks
 from planner.runtime.textdata import batches_for
 from planner.schedule.actions import Action, Kind
 from planner.schedule.compile import CompiledPlan
 
 __all__ = ["RankExecutor", "StepStats"]
+
+_TRANSFERS = (Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD)
 
 
 @dataclass
@@ -33,23 +49,29 @@ class StepStats:
     wait_s: float = 0.0
     comm_s: float = 0.0
     loss_sum: float = 0.0
+    skipped: bool = False
     extra: dict = field(default_factory=dict)
 
 
-def _io_shapes(zoo, seed: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """Per-sample shape and dtype of every block's output.
+def _io_shapes(zoo, seed: int, dtype: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Per-sample shape and dtype of every block's output, as :func:`run_blocks` makes them.
 
     On the meta device first (no memory); a model whose blocks make tensors on a fixed device cannot
     run there, so then each block is built for real, one at a time, and run on a batch of one.
     """
+
+    def carried(t: torch.Tensor) -> torch.dtype:
+        return dtype if t.is_floating_point() and dtype != torch.float32 else t.dtype
+
     try:
         with torch.device("meta"):
             blocks = zoo.build_blocks(0, zoo.n_blocks, seed)
+            Precision.cast_model(blocks, _name_of(dtype))
             x = torch.empty((1, *zoo.sample_shape()), dtype=zoo.input_dtype())
             shapes = []
             for b in blocks:
-                x = b(x)
-                shapes.append((tuple(x.shape[1:]), x.dtype))
+                x = run_blocks([b], x, dtype)
+                shapes.append((tuple(x.shape[1:]), carried(x)))
         return shapes
     except (RuntimeError, NotImplementedError):
         pass
@@ -57,9 +79,15 @@ def _io_shapes(zoo, seed: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
     shapes = []
     with torch.no_grad():
         for i in range(zoo.n_blocks):
-            x = zoo.build_block(i, seed)(x)
-            shapes.append((tuple(x.shape[1:]), x.dtype))
+            block = zoo.build_block(i, seed)
+            Precision.cast_model([block], _name_of(dtype))
+            x = run_blocks([block], x, dtype)
+            shapes.append((tuple(x.shape[1:]), carried(x)))
     return shapes
+
+
+def _name_of(dtype: torch.dtype) -> str:
+    return {torch.float16: "fp16", torch.bfloat16: "bf16"}.get(dtype, "fp32")
 
 
 class RankExecutor:
@@ -87,14 +115,21 @@ class RankExecutor:
         self.block_list = [
             b.to(device) for b in self.zoo.build_blocks(self.program.start, self.program.end, config.seed)
         ]
+        Precision.cast_model(self.block_list, config.dtype)
         self.blocks = {self.program.start + i: b for i, b in enumerate(self.block_list)}
         params = [p for b in self.block_list for p in b.parameters()]
-        self.optimizer = make_optimizer(config.optimizer, params, config.lr)
-        shapes = _io_shapes(self.zoo, config.seed)
+        self.precision = Precision(config.dtype, params, optimizer=config.optimizer, lr=config.lr)
+        self.optimizer = self.precision.optimizer
+        self.compute_dtype = self.precision.torch_dtype
+        shapes = _io_shapes(self.zoo, config.seed, self.compute_dtype)
         start = self.program.start
-        self.in_shape, self.in_dtype = (
-            (self.zoo.sample_shape(), self.zoo.input_dtype()) if start == 0 else shapes[start - 1]
-        )
+        if start == 0:
+            in_dtype = self.zoo.input_dtype()
+            if in_dtype.is_floating_point and self.precision.mixed:
+                in_dtype = self.compute_dtype
+            self.in_shape, self.in_dtype = self.zoo.sample_shape(), in_dtype
+        else:
+            self.in_shape, self.in_dtype = shapes[start - 1]
         self.out_shape, self.out_dtype = shapes[self.program.end - 1]
         self.first = start == 0
         self.last = self.program.end == config.n_blocks
@@ -102,6 +137,7 @@ class RankExecutor:
         self.pipe_offset = pipeline_offsets(config.plan)[self.program.pipeline]
         self.micro_offsets = micro_offsets(pipe.micro_batches)
         self.slowdown = config.devices[address].emulated_slowdown if emulate else 1.0
+        self.last_backward = max((i for i, a in enumerate(self.actions) if a.kind is Kind.BACKWARD), default=-1)
         # one process group per gradient group held by more than one device, created in the same
         # order on every rank (torch.distributed requires every rank to call new_group identically)
         self.groups: dict[int, tuple[dist.ProcessGroup | None, list[torch.nn.Parameter]]] = {}
@@ -113,21 +149,83 @@ class RankExecutor:
             if address in g.devices:
                 held = [p for b in g.blocks if b in self.blocks for p in self.blocks[b].parameters()]
                 self.groups[g.id] = (pg, held)
+        self.group_order = sorted(self.groups)
+        self.group_of = {id(p): gid for gid, (_, held) in self.groups.items() for p in held}
+        self._ready: dict[int, int] = {}
+        self._issued: dict[int, tuple[dist.Work, torch.Tensor, list[torch.Tensor]]] = {}
+        self._final_backward = False
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        """Tensors this rank keeps across steps: weights, buffers, gradients, master copy, state."""
+        buffers = [t for b in self.block_list for t in b.buffers()]
+        return [*self.precision.state_tensors(), *buffers]
+
+    # -- gradient hooks: mixed-precision accumulation and bucketed, asynchronous all-reduces ------------
+    def _on_grad(self, p: torch.nn.Parameter) -> None:
+        self.precision.accumulate_one(p)
+        if not self._final_backward:
+            return
+        gid = self.group_of.get(id(p))
+        if gid is None:
+            return
+        self._ready[gid] = self._ready.get(gid, 0) + 1
+        self._issue_ready()
+
+    def _issue_ready(self, *, all_groups: bool = False) -> None:
+        """Issue, in group order, every group whose gradients are all final (or every group left)."""
+        for gid in self.group_order:
+            if gid in self._issued:
+                continue
+            pg, held = self.groups[gid]
+            if not all_groups and self._ready.get(gid, 0) < len(held):
+                return  # later groups wait: every rank issues its collectives in the same order
+            grads = []
+            for p in held:
+                g = self.precision.grad_of(p)
+                if g is None:  # a parameter the loss does not reach
+                    g = p.grad = torch.zeros_like(p)
+                grads.append(g)
+            flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(1, device=self.device)
+            self._issued[gid] = (dist.all_reduce(flat, group=pg, async_op=True), flat, grads)
+
+    def _finish_allreduces(self, stats: StepStats, where) -> None:
+        t0 = time.perf_counter()
+        self._issue_ready(all_groups=True)
+        for gid in self.group_order:
+            work, flat, grads = self._issued[gid]
+            wait(work, timeout_s=self.config.timeout_s, what=where(f"AR{gid}"))
+            offset = 0
+            for g in grads:
+                n = g.numel()
+                g.copy_(flat[offset : offset + n].view_as(g))
+                offset += n
+        self._issued.clear()
+        self._ready.clear()
+        stats.comm_s += time.perf_counter() - t0
+
+    # -- one step ------------------------------------------------------------------------------------
     def _samples(self, micro: int) -> tuple[int, int]:
         """Global-batch indices ``[lo, hi)`` this device computes of micro-batch ``micro``."""
         base = self.pipe_offset + self.micro_offsets[micro] + self.program.offsets[micro]
         return base, base + self.program.counts[micro]
 
     def _compute(self, fn, stats: StepStats) -> None:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         fn()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
-        if self.slowdown > 1.0:  # emulate a slower device type: labelled as emulation everywhere
-            time.sleep(elapsed * (self.slowdown - 1.0))
-            elapsed *= self.slowdown
+        if self.slowdown > 1.0:
+            # emulate a slower device type (labelled as emulation everywhere): the compute lasts
+            # slowdown x the CPU time it used. Not x the wall time: on a shared machine the wall
+            # time includes waiting for a core, and multiplying that would make the emulated
+            # device's speed depend on what the other ranks happen to do at the same moment.
+            target = (time.thread_time() - cpu_start) * self.slowdown
+            if target > elapsed:
+                time.sleep(target - elapsed)
+                elapsed = target
         stats.compute_s += elapsed
 
     def run_step(self, step: int) -> StepStats:
@@ -137,102 +235,126 @@ class RankExecutor:
         inputs = targets = None
         if self.first or self.last:
             inputs, targets = self.batches.sample_batch(cfg.global_batch, seed=cfg.seed, step=step)
-        x_in: dict[int, torch.Tensor] = {}
-        y_out: dict[int, torch.Tensor] = {}
-        grad_out: dict[int, torch.Tensor] = {}
+        x_in: dict[int, torch.Tensor] = {}  # received activations (the stage's inputs), until their backward
+        y_out: dict[int, torch.Tensor] = {}  # outputs, until the backward through them
+        grad_out: dict[int, torch.Tensor] = {}  # gradients received for the outputs, until used
         losses: dict[int, torch.Tensor] = {}
-        pending: list[tuple[dist.Work, str, torch.Tensor]] = []
+        in_flight_sends: list[tuple[dist.Work, str, list[torch.Tensor]]] = []
         timeout = cfg.timeout_s
+        precision = self.precision
+        rank = dist.get_rank()
 
-        def where(a: Action) -> str:
-            return f"rank {dist.get_rank()} ({self.address}) step {step}: waiting on {a}"
+        def where(a: Action | str) -> str:
+            return f"rank {rank} ({self.address}) step {step}: waiting on {a}"
 
-        for a in self.actions:
+        actions = self.actions
+        i = 0
+        while i < len(actions):
+            a = actions[i]
             kind = a.kind
-            if kind is Kind.RECV_ACT or kind is Kind.RECV_GRAD:
-                grad = kind is Kind.RECV_GRAD
-                micro = a.micro
-                count = self.program.counts[micro]
-                table = grad_out if grad else x_in
-                if micro not in table:
-                    shape, dtype = (self.out_shape, self.out_dtype) if grad else (self.in_shape, self.in_dtype)
-                    table[micro] = torch.empty((count, *shape), dtype=dtype, device=self.device)
-                lo = a.lo - self.program.offsets[micro]
-                buf = torch.empty((a.hi - a.lo, *table[micro].shape[1:]), dtype=table[micro].dtype, device=self.device)
-                t0 = time.perf_counter()
-                work = dist.irecv(buf, src=self.rank_of[a.peer], tag=tag_of(micro, grad))
-                wait(work, timeout_s=timeout, what=where(a))
-                stats.wait_s += time.perf_counter() - t0
-                table[micro][lo : lo + (a.hi - a.lo)] = buf
-            elif kind is Kind.FORWARD:
+            if kind in _TRANSFERS:
+                end = i
+                while end < len(actions) and actions[end].kind in _TRANSFERS:
+                    end += 1
+                self._post_batch(actions[i:end], x_in, y_out, grad_out, in_flight_sends, stats, where)
+                i = end
+                continue
+            if kind is Kind.FORWARD:
                 micro = a.micro
                 lo, hi = self._samples(micro)
-                if self.first:
-                    x = inputs[lo:hi].to(self.device)
-                else:
-                    x = x_in[micro].requires_grad_(True)
-                    x_in[micro] = x
+                x = inputs[lo:hi].to(self.device) if self.first else x_in[micro].requires_grad_(True)
 
                 def forward(x=x, micro=micro, lo=lo, hi=hi) -> None:
-                    y = x
-                    for b in self.block_list:
-                        y = b(y)
-                    y_out[micro] = y
-                    if self.last:
-                        losses[micro] = self.zoo.loss(y, targets[lo:hi].to(self.device)) / cfg.global_batch
+                    with precision.autocast(self.device):
+                        y = run_blocks(self.block_list, x, self.compute_dtype)
+                        y_out[micro] = y
+                        if self.last:
+                            loss = self.zoo.loss(y.float(), targets[lo:hi].to(self.device)) / cfg.global_batch
+                            losses[micro] = loss
 
                 self._compute(forward, stats)
-            elif kind is Kind.SEND_ACT or kind is Kind.SEND_GRAD:
-                grad = kind is Kind.SEND_GRAD
-                micro = a.micro
-                source = x_in[micro].grad if grad else y_out[micro]
-                lo = a.lo - self.program.offsets[micro]
-                piece = source[lo : lo + (a.hi - a.lo)].detach().contiguous()
-                work = dist.isend(piece, dst=self.rank_of[a.peer], tag=tag_of(micro, grad))
-                pending.append((work, where(a), piece))
             elif kind is Kind.BACKWARD:
                 micro = a.micro
+                self._final_backward = i == self.last_backward
 
                 def backward(micro=micro) -> None:
                     if self.last:
-                        losses[micro].backward()
+                        precision.scale(losses[micro]).backward()
                     else:
                         y_out[micro].backward(grad_out.pop(micro))
-                    if self.first or micro not in x_in:
-                        y_out.pop(micro, None)
+                    y_out.pop(micro)  # its consumer (this backward) has run
 
                 self._compute(backward, stats)
+                self._final_backward = False
                 if self.last:
                     stats.loss_sum += float(losses.pop(micro).detach()) * cfg.global_batch
+                # a received input stays until its gradient is posted back (_post_batch drops it)
             elif kind is Kind.ALLREDUCE:
-                pg, params = self.groups[a.group]
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-                flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(1, device=self.device)
-                t0 = time.perf_counter()
-                work = dist.all_reduce(flat, group=pg, async_op=True)
-                wait(work, timeout_s=timeout, what=where(a))
-                stats.comm_s += time.perf_counter() - t0
-                offset = 0
-                for p, g in zip(params, grads, strict=True):
-                    n = g.numel()
-                    p.grad = flat[offset : offset + n].view_as(g).clone()
-                    offset += n
+                self._issue_ready(all_groups=False)  # issued by the hooks; this is where the list says so
             elif kind is Kind.STEP:
                 t0 = time.perf_counter()
-                for work, what, _ in pending:
+                for work, what, _ in in_flight_sends:
                     wait(work, timeout_s=timeout, what=what)
+                in_flight_sends.clear()
                 stats.comm_s += time.perf_counter() - t0
-                pending.clear()
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
-        # the mean loss over the global batch, the same on every rank
-        total = torch.tensor([stats.loss_sum], dtype=torch.float64)
-        work = dist.all_reduce(total, async_op=True)
-        wait(
-            work,
-            timeout_s=timeout,
-            what=f"rank {dist.get_rank()} ({self.address}) step {step}: waiting on the loss all-reduce",
-        )
-        stats.loss_sum = float(total[0]) / cfg.global_batch
+                if self.groups:
+                    self._finish_allreduces(stats, where)
+                # the loss of the whole batch and whether any rank's gradients overflowed (fp16),
+                # decided by every rank together, on the rank's device
+                total = torch.tensor(
+                    [stats.loss_sum, float(precision.nonfinite())], dtype=torch.float64, device=self.device
+                )
+                wait(
+                    dist.all_reduce(total, async_op=True),
+                    timeout_s=timeout,
+                    what=where("the loss all-reduce"),
+                )
+                stats.loss_sum = float(total[0]) / cfg.global_batch
+                stats.skipped = not precision.step(nonfinite_anywhere=int(total[1]))
+            i += 1
+        stats.extra["loss_scale"] = precision.scaler.scale
         stats.iteration_s = time.perf_counter() - begin
         return stats
+
+    def _post_batch(self, batch, x_in, y_out, grad_out, in_flight_sends, stats: StepStats, where) -> None:
+        """Post one batch of transfers together; wait for it if it receives anything."""
+        ops: list[dist.P2POp] = []
+        keep: list[torch.Tensor] = []
+        receives = False
+        for a in batch:
+            micro = a.micro
+            peer = self.rank_of[a.peer]
+            lo = a.lo - self.program.offsets[micro]
+            n = a.hi - a.lo
+            if a.kind is Kind.RECV_ACT or a.kind is Kind.RECV_GRAD:
+                grad = a.kind is Kind.RECV_GRAD
+                table = grad_out if grad else x_in
+                if micro not in table:
+                    shape, dtype = (self.out_shape, self.out_dtype) if grad else (self.in_shape, self.in_dtype)
+                    count = self.program.counts[micro]
+                    table[micro] = torch.empty((count, *shape), dtype=dtype, device=self.device)
+                ops.append(dist.P2POp(dist.irecv, table[micro][lo : lo + n], peer, tag=tag_of(micro, grad)))
+                receives = True
+            else:
+                grad = a.kind is Kind.SEND_GRAD
+                source = x_in[micro].grad if grad else y_out[micro]
+                piece = source[lo : lo + n].detach()
+                if not piece.is_contiguous():
+                    piece = piece.contiguous()
+                keep.append(piece)
+                ops.append(dist.P2POp(dist.isend, piece, peer, tag=tag_of(micro, grad)))
+        # a received activation's gradient has been handed to the batch: the input itself is done
+        for a in batch:
+            if a.kind is Kind.SEND_GRAD:
+                x_in.pop(a.micro, None)
+        what = where(" ".join(str(a) for a in batch))
+        works = dist.batch_isend_irecv(ops)
+        if receives:
+            t0 = time.perf_counter()
+            for work in works:
+                wait(work, timeout_s=self.config.timeout_s, what=what)
+            stats.wait_s += time.perf_counter() - t0
+        else:
+            in_flight_sends.extend((work, what, keep) for work in works)
+        # sends that have completed no longer need their tensors
+        in_flight_sends[:] = [s for s in in_flight_sends if not s[0].is_completed()]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 from datetime import timedelta
@@ -19,13 +18,9 @@ from pathlib import Path
 
 __all__ = ["main"]
 
-
-def _peak_memory(device) -> float:
-    import torch
-
-    if device.type == "cuda":
-        return float(torch.cuda.max_memory_allocated(device))
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024.0
+# the torch profiler (the CPU peak-memory measurement) prints its start and stop on stderr unless
+# told otherwise before torch loads; a rank's stderr is for its one-line errors
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -38,6 +33,7 @@ def run(args: argparse.Namespace) -> None:
     from planner.runtime.comm import RankFailureError
     from planner.runtime.config import load_rank_config
     from planner.runtime.executor import RankExecutor
+    from planner.runtime.memtrack import measure_peak
     from planner.runtime.validate import validate_programs
     from planner.schedule.compile import compile_plan
 
@@ -64,6 +60,8 @@ def run(args: argparse.Namespace) -> None:
     device = torch.device("cuda", int(address.split("/")[1])) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = config.dtype == "tf32"
+        torch.backends.cudnn.allow_tf32 = config.dtype == "tf32"
     torch.set_num_threads(args.threads)
     dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s))
     rank = dist.get_rank()
@@ -90,13 +88,22 @@ def run(args: argparse.Namespace) -> None:
     executor = RankExecutor(config, compiled, address, rank_of, device, emulate=args.emulate)
     start_step = 0
     if args.resume:
-        start_step = load_blocks(args.resume, executor.blocks, executor.optimizer, names=executor.names)
+        start_step = load_blocks(args.resume, executor.blocks, executor.precision, names=executor.names)
     log = open(args.log, "a", encoding="utf-8") if args.log else None  # noqa: SIM115 - closed below
     entry = config.devices[address]
     try:
+        # peak tensor memory: on CUDA every step (the allocator keeps the peak); on CPU one step under
+        # the profiler's memory tracking, the second of the run once the optimizer state exists
+        measured_step = start_step + (1 if args.steps > 1 else 0)
+        peak: float | None = None
         for step in range(start_step, start_step + args.steps):
             try:
-                stats = executor.run_step(step)
+                if device.type == "cuda" or step == measured_step:
+                    peak, stats = measure_peak(
+                        lambda step=step: executor.run_step(step), held=executor.held_tensors(), device=device
+                    )
+                else:
+                    stats = executor.run_step(step)
             except RankFailureError as exc:
                 raise RankFailureError(str(exc)) from None
             record = {
@@ -111,8 +118,13 @@ def run(args: argparse.Namespace) -> None:
                 "wait_s": stats.wait_s,
                 "comm_s": stats.comm_s,
                 "loss": stats.loss_sum,
-                "peak_memory_bytes": _peak_memory(device),
+                "peak_memory_bytes": peak,
+                "memory_measured": "cuda allocator" if device.type == "cuda" else "cpu allocator profile",
+                "dtype": config.dtype,
             }
+            if config.dtype == "fp16":
+                record["loss_scale"] = stats.extra["loss_scale"]
+                record["skipped_step"] = stats.skipped
             if executor.slowdown > 1.0:
                 record["emulated_slowdown"] = executor.slowdown
             if log:
@@ -121,7 +133,7 @@ def run(args: argparse.Namespace) -> None:
         if args.save:
             dist.barrier()
             owned = {i: b for i, b in executor.blocks.items() if min(rank_of[a] for a in _holders(compiled, i)) == rank}
-            save_blocks(args.save, owned, executor.optimizer, step=start_step + args.steps, names=executor.names)
+            save_blocks(args.save, owned, executor.precision, step=start_step + args.steps, names=executor.names)
             dist.barrier()
     finally:
         if log:

@@ -11,6 +11,19 @@ Orders, stage ``s`` of ``S`` with ``M`` micro-batches:
   then the remaining backwards (PipeDream-flush). Stage ``s`` holds at most ``min(S - s, M)``
   micro-batches' activations.
 
+What the actions mean at run time (the runtime does this, the simulator times it, the validator
+checks it under NCCL's semantics):
+
+* ``F``/``B`` compute; the device's host blocks while they run.
+* a run of transfer actions with nothing between them is one *batch*, posted together
+  (``torch.distributed.batch_isend_irecv``); the host waits for the batch's receives before its next
+  action, its sends complete in the background and are waited on at ``OPT`` at the latest.
+* ``AR`` actions sit right after the device's last backward: each gradient group's all-reduce is
+  issued asynchronously the moment its gradients are final, during that backward once it has passed
+  the group's blocks (gradient hooks, like DDP's buckets; groups in reverse block order, the order
+  the backward finishes them), so it overlaps the rest of the backward, the trailing sends and the
+  other devices' work; ``OPT`` waits for them, then steps.
+
 A replicated stage's device computes only its share of each micro-batch (whole samples, from
 :func:`planner.contracts.plan.split_micro_batch`); between stages with different replica counts the
 micro-batch is resharded: each pair of devices exchanges the overlap of their sample ranges.
@@ -239,7 +252,10 @@ def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
                 append = actions.append
                 address, counts, offsets = program.address, program.counts, program.offsets
                 a_in, a_out, g_in, g_out = act_in[address], act_out[address], grad_in[address], grad_out[address]
-                for kind, j in order:
+                last_backward = max(
+                    (i for i, (kind, j) in enumerate(order) if kind is backward and counts[j]), default=-1
+                )
+                for i, (kind, j) in enumerate(order):
                     count = counts[j]
                     if count == 0:
                         continue
@@ -248,6 +264,8 @@ def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
                         for peer, t_lo, t_hi in g_in[j]:
                             append(new(Action, (recv_grad, j, peer, t_lo, t_hi, -1)))
                         append(new(Action, (backward, j, "", lo, lo + count, -1)))
+                        if i == last_backward:  # every gradient is final: issue the all-reduces now
+                            actions.extend(reduces[address])
                         for peer, t_lo, t_hi in g_out[j]:
                             append(new(Action, (send_grad, j, peer, t_lo, t_hi, -1)))
                     else:
@@ -256,6 +274,7 @@ def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
                         append(new(Action, (forward, j, "", lo, lo + count, -1)))
                         for peer, t_lo, t_hi in a_out[j]:
                             append(new(Action, (send_act, j, peer, t_lo, t_hi, -1)))
-                actions.extend(reduces[address])
+                if last_backward < 0:  # a device with no samples at all still joins its all-reduces
+                    actions.extend(reduces[address])
                 append(step)
     return CompiledPlan(programs=programs, transfers=transfers, groups=groups)

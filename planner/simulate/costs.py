@@ -94,7 +94,14 @@ class CostModel:
         The flat ring visits the devices node by node, so it crosses each node's own link (if the
         node holds more than one of them) and one network path between consecutive nodes; each
         of its steps lasts as long as its slowest hop, so its time is the largest
-        :func:`ring_allreduce_time` over the links it crosses."""
+        :func:`ring_allreduce_time` over the links it crosses.
+
+        The result is divided by the cluster's ``collective_efficiency`` (default 1.0): what a real
+        collective library achieves relative to the alpha-beta model, fitted by ``hetplan calibrate``."""
+        return self._allreduce(nbytes, devices) / self.cluster.collective_efficiency
+
+    def _allreduce(self, nbytes: float, devices: list[Device]) -> float:
+        """The alpha-beta model's all-reduce time (see :meth:`allreduce`)."""
         n = len(devices)
         if n <= 1 or nbytes <= 0:
             return 0.0

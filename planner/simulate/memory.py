@@ -1,49 +1,98 @@
-"""Memory per device: weights, gradients, optimizer state, activations in flight, a reserve.
+"""Memory per device: every tensor the runtime holds, walked along the device's action list.
 
-The activations term follows the schedule as it actually runs: each forward adds its micro-batch
-share's saved activations, each backward frees them; the peak of that walk is what the device must
-hold (1F1B: stage s of S holds min(S - s, M) micro-batches; GPipe: all M).
+    use = device_memory(program, profile, optimizer="adam", device_type=a100, reduced_blocks={0, 1})
+    use.tensor_bytes    # the peak of live tensors (what torch.cuda.max_memory_allocated measures)
+    use.total           # tensors x (1 + fragmentation) + the type's reserve: what must fit
+    use.fits
+
+What the runtime (:mod:`planner.runtime.executor`) holds, and so what is counted here:
+
+* **static**: the weights at the plan's dtype; the gradients (fp32 plans: ``.grad`` at fp32; fp16 and
+  bf16 plans: an fp32 accumulation buffer per parameter, as Megatron's ``main_grad``); the optimizer
+  state (SGD none, momentum one buffer, Adam two moments, all fp32) and, for fp16/bf16, the fp32
+  master copy of the weights the optimizer updates.
+* **per micro-batch in flight** (from its forward to its backward): the activations its blocks save
+  for backward (the profile's ``activation_bytes``, which counts a stage's input once, in its first
+  block), the stage's output, held until the backward runs through it (the activation sent to the
+  next stage, or on the last stage the logits), and on the last stage of an fp16/bf16 plan the fp32
+  copy of the logits the loss is computed on.
+* **during a backward**: the gradient received for the stage's output and the gradient of the
+  stage's input being produced for the previous stage (boundary buffers in flight), a workspace the
+  size of the largest block's saved activations (the backward through a block materialises
+  gradients about as large as what it saved), and for fp16/bf16 the half-precision ``.grad`` before
+  it is added to the fp32 buffer. fp32 gradients are freed by each step (set to None) and come back
+  with the next step's first backward, so a GPipe stage's peak at the end of its forwards has none.
+* **after the last backward**: the flat all-reduce buckets of the gradient groups the device shares
+  with others (fp32 for mixed precision, the gradient dtype otherwise), held until the step.
+
+The walk follows the schedule as it actually runs: 1F1B stage ``s`` of ``S`` holds at most
+``min(S - s, M)`` micro-batches, GPipe all ``M``. The device type's reserve (CUDA context,
+workspaces, NCCL buffers) and allocator fragmentation come from the catalog
+(:class:`planner.contracts.catalog.DeviceType`): the plan fits when ``tensors x (1 + fragmentation) +
+reserve <= memory``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
+from planner.contracts.catalog import DeviceType
 from planner.contracts.model_profile import ModelProfile
 from planner.schedule.actions import Kind
-from planner.schedule.compile import DeviceProgram
+from planner.schedule.compile import CompiledPlan, DeviceProgram
 
-__all__ = ["OPTIMIZER_STATE_BYTES", "MemoryUse", "device_memory", "reserve_bytes"]
+__all__ = [
+    "FP32_BYTES",
+    "MIXED_PRECISION",
+    "OPTIMIZER_STATE_BYTES",
+    "MemoryUse",
+    "device_memory",
+    "plan_memory",
+    "static_bytes_per_param",
+]
 
 #: fp32 optimizer state per parameter: SGD none, momentum one buffer, Adam two moments.
 OPTIMIZER_STATE_BYTES = {"sgd": 0.0, "momentum": 4.0, "adam": 8.0}
-#: With fp16/bf16 training, an fp32 master copy of the weights (mixed precision).
-MASTER_COPY_BYTES = 4.0
-#: Kept free for the CUDA context, allocator fragmentation and workspaces.
-RESERVE_BYTES = 1.0 * 2**30
-RESERVE_FRACTION = 0.10
+#: Size of an fp32 element: master weights, gradient accumulation buffers, optimizer state.
+FP32_BYTES = 4.0
+#: Dtypes the runtime trains with half-precision weights and an fp32 master copy.
+MIXED_PRECISION = ("fp16", "bf16")
 
 
-def reserve_bytes(capacity: float) -> float:
-    """The reserve: 1 GiB, or 10% of a small device's memory, whichever is smaller."""
-    return min(RESERVE_BYTES, RESERVE_FRACTION * capacity)
+def static_bytes_per_param(dtype: str, optimizer: str, param_bytes_per_param: float) -> float:
+    """Bytes per parameter that live for the whole run: weights, gradients, master copy, state."""
+    state = OPTIMIZER_STATE_BYTES[optimizer]
+    if dtype in MIXED_PRECISION:
+        return param_bytes_per_param + FP32_BYTES + FP32_BYTES + state  # weights, fp32 grads, master
+    return 2.0 * param_bytes_per_param + state
 
 
 @dataclass(frozen=True)
 class MemoryUse:
-    """Bytes on one device at its peak."""
+    """Bytes on one device at its peak; ``activations`` is everything above the static part."""
 
     weights: float
     gradients: float
-    optimizer: float
+    optimizer: float  # optimizer state and, for fp16/bf16, the fp32 master weights
+    # the peak of everything above weights, gradients and optimizer state (activations, boundary
+    # buffers, backward workspace, all-reduce buckets); in fp32 gradients exist only from a step's
+    # first backward on, so where the peak comes before it (GPipe) this is the peak less them
     activations: float
     reserve: float
     capacity: float
     peak_micro_batches: int  # micro-batches whose activations are held at the peak
+    fragmentation: float = 0.0
+
+    @property
+    def tensor_bytes(self) -> float:
+        """Live tensors at the peak (what an allocator-level measurement sees)."""
+        return self.weights + self.gradients + self.optimizer + self.activations
 
     @property
     def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.reserve
+        """What the device must have: tensors, allocator fragmentation and the reserve."""
+        return self.tensor_bytes * (1.0 + self.fragmentation) + self.reserve
 
     @property
     def fits(self) -> bool:
@@ -54,36 +103,101 @@ class MemoryUse:
         return self.capacity - self.total
 
 
-def device_memory(program: DeviceProgram, profile: ModelProfile, *, optimizer: str, capacity: float) -> MemoryUse:
-    """Peak memory of one device running ``program``."""
+def device_memory(
+    program: DeviceProgram,
+    profile: ModelProfile,
+    *,
+    optimizer: str,
+    device_type: DeviceType,
+    reduced_blocks: Collection[int] = (),
+    dtype: str | None = None,
+) -> MemoryUse:
+    """Peak memory of one device running ``program`` (``reduced_blocks``: its blocks that are
+    all-reduced with other devices, whose gradients pass through a flat bucket)."""
+    dtype = dtype or profile.dtype
+    mixed = dtype in MIXED_PRECISION
     blocks = profile.blocks[program.start : program.end]
-    params = sum(b.params for b in blocks)
-    weight_bytes = sum(b.param_bytes for b in blocks)
-    state = OPTIMIZER_STATE_BYTES[optimizer] * params
-    if profile.dtype in ("fp16", "bf16"):
-        state += MASTER_COPY_BYTES * params
-    per_sample = sum(b.activation_bytes for b in blocks)
+    params = float(sum(b.params for b in blocks))
+    weight_bytes = float(sum(b.param_bytes for b in blocks))
+    gradients = FP32_BYTES * params if mixed else weight_bytes
+    optimizer_bytes = OPTIMIZER_STATE_BYTES[optimizer] * params + (FP32_BYTES * params if mixed else 0.0)
+    last_stage = program.end == len(profile.blocks)
+    first_stage = program.start == 0
+
+    saved = sum(b.activation_bytes for b in blocks)
+    out_bytes = profile.blocks[program.end - 1].output_bytes
+    held_per_sample = saved + out_bytes
+    if last_stage and mixed:
+        held_per_sample += out_bytes / profile.dtype_bytes * FP32_BYTES  # the loss's fp32 logits
+    grad_in = 0.0 if last_stage else out_bytes  # the gradient received for the output
+    grad_out = 0.0 if first_stage else profile.blocks[program.start - 1].output_bytes  # sent back
+    half_grads = weight_bytes if mixed else 0.0
+    # fp32 gradients are freed by the step (set to None) and come back with the step's first
+    # backward; fp16/bf16 keep their fp32 buffers for the whole run (zeroed, not freed)
+    late_grads = 0.0 if mixed else gradients
+    # the backward through a block materialises gradients about the size of what it saved
+    workspace = max((b.activation_bytes for b in blocks), default=0.0)
+    reduced = [b for b in range(program.start, program.end) if b in reduced_blocks]
+    if mixed:
+        buckets = FP32_BYTES * sum(profile.blocks[b].params for b in reduced)
+    else:
+        buckets = sum(profile.blocks[b].param_bytes for b in reduced)
+
     held = peak = 0.0
     in_flight = peak_count = 0
     forward, backward = Kind.FORWARD, Kind.BACKWARD
     for action in program.actions:
         kind = action[0]
+        samples = action[4] - action[3]  # its samples (hi - lo)
         if kind is forward:
-            held += per_sample * (action[4] - action[3])  # its samples (hi - lo)
+            held += held_per_sample * samples
             in_flight += 1
             if held > peak:
                 peak = held
             if in_flight > peak_count:
                 peak_count = in_flight
         elif kind is backward:
-            held -= per_sample * (action[4] - action[3])
+            during = held + (grad_in + grad_out + workspace) * samples + half_grads
+            if during > peak:
+                peak = during
+            held += late_grads - held_per_sample * samples  # gradients arrive with the first backward
+            late_grads = 0.0
             in_flight -= 1
+            if held > peak:
+                peak = held
+    if buckets + held > peak:  # after the last backward: the buckets beside the gradients
+        peak = buckets + held
+    if late_grads == 0.0 and not mixed:
+        peak -= gradients  # the walk carried the gradients from the first backward on
     return MemoryUse(
         weights=weight_bytes,
-        gradients=weight_bytes,
-        optimizer=state,
+        gradients=gradients,
+        optimizer=optimizer_bytes,
         activations=peak,
-        reserve=reserve_bytes(capacity),
-        capacity=capacity,
+        reserve=device_type.reserve_bytes,
+        capacity=device_type.memory,
         peak_micro_batches=peak_count,
+        fragmentation=device_type.fragmentation,
     )
+
+
+def plan_memory(
+    compiled: CompiledPlan, profile: ModelProfile, cluster, *, optimizer: str, dtype: str | None = None
+) -> dict[str, MemoryUse]:
+    """:func:`device_memory` of every device of a compiled plan (``cluster``: a Cluster)."""
+    reduced: dict[str, set[int]] = {a: set() for a in compiled.programs}
+    for group in compiled.groups:
+        if len(group.devices) > 1:
+            for address in group.devices:
+                reduced[address].update(group.blocks)
+    return {
+        address: device_memory(
+            program,
+            profile,
+            optimizer=optimizer,
+            device_type=cluster.device(address).type,
+            reduced_blocks=reduced[address],
+            dtype=dtype,
+        )
+        for address, program in compiled.programs.items()
+    }

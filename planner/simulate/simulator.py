@@ -8,8 +8,13 @@
 The plan compiles to per-device action lists (:mod:`planner.schedule`); each action becomes a task
 of a discrete-event run (:mod:`planner.simulate.engine`): forwards and backwards on their device in
 list order, activation and gradient transfers on the link between their two devices (inter-node
-transfers share each node's network link), one all-reduce per gradient group released part-way
-through each holder's last backward (when that group's blocks are done), then the optimizer step.
+transfers share each node's network link), each starting once its data is produced and its receiver
+has posted the receive (the receiver's compute before it has ended: NCCL's rendezvous), one
+all-reduce per gradient group issued asynchronously the moment its gradients are final on every
+holder: part-way through each holder's last backward, once that backward has passed the group's
+blocks (the runtime issues it from gradient hooks, as DDP issues its buckets; a device's
+all-reduces in group order), then the optimizer step, which waits for the device's all-reduces and
+its sends.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from planner.schedule.actions import Kind
 from planner.schedule.compile import CompiledPlan, compile_plan, gc_paused
 from planner.simulate.costs import CostModel
 from planner.simulate.engine import Engine
-from planner.simulate.memory import MemoryUse, device_memory
+from planner.simulate.memory import MemoryUse, plan_memory
 
 __all__ = ["DeviceStats", "SimResult", "StageStats", "check_memory", "simulate"]
 
@@ -114,6 +119,7 @@ class SimResult:
             "memory": {
                 a: {
                     "peak_bytes": round(d.memory.total),
+                    "tensor_bytes": round(d.memory.tensor_bytes),
                     "capacity_bytes": round(d.memory.capacity),
                     "fits": d.memory.fits,
                 }
@@ -138,6 +144,7 @@ class SimResult:
                     "comm_s": d.comm_s,
                     "idle_s": d.idle_s,
                     "peak_memory_bytes": d.memory.total,
+                    "tensor_bytes": d.memory.tensor_bytes,
                     "memory_fits": d.memory.fits,
                 }
                 for a, d in self.devices.items()
@@ -203,6 +210,8 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
     forward, backward_kind = Kind.FORWARD, Kind.BACKWARD
     fwd_task: dict[str, list[int]] = {}  # device -> task of each micro-batch's forward (-1: none)
     bwd_task: dict[str, list[int]] = {}
+    fwd_posted: dict[str, list[int]] = {}  # device -> the compute task after which F_j's receives are posted
+    bwd_posted: dict[str, list[int]] = {}
     last_compute: dict[str, int] = {}
     last_backward: dict[str, tuple[int, int]] = {}  # device -> (task, samples) of its last backward
     devices = {a: cluster.device(a) for a in programs}
@@ -211,6 +220,8 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
         pipeline, stage, start, end = program.pipeline, program.stage, program.start, program.end
         f_ids = [-1] * len(program.counts)
         b_ids = [-1] * len(program.counts)
+        posted_f = [-1] * len(program.counts)  # the compute before F_j: its receives are posted after it
+        posted_b = [-1] * len(program.counts)
         seconds_of: dict[int, float] = {}  # 2 * samples + backward -> seconds (stage compute per share)
         durations: list[float] = []
         metas: list[TaskInfo] = []
@@ -233,16 +244,19 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
             if backward:
                 metas.append(new(TaskInfo, ("B", address, pipeline, stage, micro, "", -1)))
                 b_ids[micro] = task
+                posted_b[micro] = task - 1 if durations[:-1] else -1
                 last_b = (task, samples)
             else:
                 metas.append(new(TaskInfo, ("F", address, pipeline, stage, micro, "", -1)))
                 f_ids[micro] = task
+                posted_f[micro] = task - 1 if durations[:-1] else -1
             kinds.append(backward)  # _F == 0, _B == 1
             task += 1
         ids = engine.add_fixed_many(durations, metas, chain=True)
         rows.extend([row] * len(ids))
         peers.extend([-1] * len(ids))
         fwd_task[address], bwd_task[address] = f_ids, b_ids
+        fwd_posted[address], bwd_posted[address] = posted_f, posted_b
         last_compute[address] = ids[-1] if ids else -1
         if last_b[0] >= 0:
             last_backward[address] = last_b
@@ -256,6 +270,8 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
     links: dict[tuple[str, str], Any] = {}
     durations, flows, metas = [], [], []
     receivers: list[int] = []  # the compute task each transfer releases
+    pred_counts: list[int] = []  # tasks each transfer waits for
+    senders_of: dict[str, list[int]] = {}  # device -> transfers it sends (waited on before its step)
     task = len(engine)
     for tr in compiled.transfers:
         pipeline, stage, micro, src, dst, lo, hi, grad = tr
@@ -266,10 +282,10 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
             link = links[(src_node, dst_node)] = cluster.link(devices[src], devices[dst])
         if grad:
             metas.append(new(TaskInfo, ("send", src, pipeline, stage + 1, micro, dst, -1)))
-            before, after = bwd_task[src][micro], bwd_task[dst][micro]
+            before, after, posted = bwd_task[src][micro], bwd_task[dst][micro], bwd_posted[dst][micro]
         else:
             metas.append(new(TaskInfo, ("send", src, pipeline, stage, micro, dst, -1)))
-            before, after = fwd_task[src][micro], fwd_task[dst][micro]
+            before, after, posted = fwd_task[src][micro], fwd_task[dst][micro], fwd_posted[dst][micro]
         if link.shared and nbytes > 0:  # nothing to send costs nothing, as on a node's own link
             durations.append(0.0)
             resources = (("out", src_node), ("in", dst_node))
@@ -278,13 +294,19 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
             durations.append(link.transfer_time(nbytes))
             flows.append(None)
         nxt[before].append(task)  # the transfer waits for the compute that produces its data ...
+        n_pred = 1
+        if posted >= 0:  # ... and for the receiver to post its receive (a rendezvous, as NCCL's)
+            nxt[posted].append(task)
+            n_pred += 1
+        pred_counts.append(n_pred)
         npred[after] += 1  # ... and the compute that consumes it waits for the transfer
         receivers.append(after)
+        senders_of.setdefault(src, []).append(task)
         task += 1
     ids = engine.add_many(durations, flows, metas)
-    for t, after in zip(ids, receivers, strict=True):
+    for t, after, n_pred in zip(ids, receivers, pred_counts, strict=True):
         nxt[t].append(after)
-        npred[t] += 1
+        npred[t] += n_pred
     kinds.extend([_SEND] * len(ids))
     rows.extend(index[tr.src] for tr in compiled.transfers)
     peers.extend(index[tr.dst] for tr in compiled.transfers)
@@ -320,6 +342,8 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
         if last_compute[address] >= 0:
             engine.add_edge(last_compute[address], t)
         for c in done_comm[address]:
+            engine.add_edge(c, t)
+        for c in senders_of.get(address, ()):  # the step waits for the device's sends to complete
             engine.add_edge(c, t)
     return engine, _Tasks(kinds, rows, peers), capacity
 
@@ -417,9 +441,10 @@ def _simulate(
 
     devices: dict[str, DeviceStats] = {}
     total_compute = 0.0
+    memory_of = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype)
     for i, (address, program) in enumerate(compiled.programs.items()):
         device = cluster.device(address)
-        memory = device_memory(program, profile, optimizer=plan.optimizer, capacity=device.type.memory)
+        memory = memory_of[address]
         devices[address] = DeviceStats(
             address=address,
             type=device.type.name,
@@ -473,7 +498,8 @@ def check_memory(result: SimResult, plan: Plan) -> None:
                 f"pipeline {d.pipeline} stage {d.stage} does not fit on {address} ({d.type}): needs "
                 f"{format_bytes(m.total)} (weights {format_bytes(m.weights)}, gradients {format_bytes(m.gradients)}, "
                 f"optimizer {format_bytes(m.optimizer)}, activations of {m.peak_micro_batches} micro-batches "
-                f"{format_bytes(m.activations)}, reserve {format_bytes(m.reserve)}) of {format_bytes(m.capacity)}; "
+                f"and buffers {format_bytes(m.activations)}, fragmentation {m.fragmentation:.0%}, reserve "
+                f"{format_bytes(m.reserve)}) of {format_bytes(m.capacity)}; "
                 "use smaller micro-batches, more stages, or a lighter optimizer",
                 file=plan.file,
                 field=f"pipelines[{d.pipeline}].stages[{d.stage}]",

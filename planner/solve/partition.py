@@ -77,15 +77,14 @@ def slot_fits(tables: CostTables, slot: Slot, m: int, held: int) -> np.ndarray:
     counts = split_micro_batch(m, slot.shares)
     n = tables.n
     ok = np.ones((n + 1, n + 1), dtype=bool)
-    static = 2.0 * (tables.param_bytes[None, :] - tables.param_bytes[:, None]) + tables.state_per_param * (
+    static = (tables.param_bytes[None, :] - tables.param_bytes[:, None]) + tables.state_per_param * (
         tables.params[None, :] - tables.params[:, None]
     )
-    act = tables.activation[None, :] - tables.activation[:, None]
-    from planner.simulate.memory import reserve_bytes
-
+    # per sample held from a forward to its backward: saved activations plus the stage's output
+    act = tables.activation[None, :] - tables.activation[:, None] + tables.held_output[None, :]
     for d, c in zip(slot.devices, counts, strict=True):
-        need = static + act * c * held + reserve_bytes(d.type.memory)
-        ok &= need <= d.type.memory
+        need = static + act * c * held
+        ok &= need <= d.type.usable_tensor_bytes
     return ok
 
 

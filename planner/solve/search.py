@@ -27,11 +27,11 @@ from typing import Any
 
 from planner.contracts.cluster import Cluster, Link
 from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Pipeline, Plan, Stage, check_plan
+from planner.contracts.plan import Pipeline, Plan, Stage, check_dtype_supported, check_plan
 from planner.errors import HetplanError
 from planner.schedule.compile import compile_plan
 from planner.simulate.costs import CostModel
-from planner.simulate.memory import device_memory
+from planner.simulate.memory import plan_memory
 from planner.simulate.simulator import SimResult, simulate
 from planner.solve.batching import allocate_batch, micro_batch_list, startup_splits
 from planner.solve.bounds import compute_lower_bound
@@ -181,10 +181,9 @@ def simulate_or_none(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Sim
     the memory walk needs only the compiled action lists, the event run is the expensive part)."""
     check_plan(plan, cluster, profile)
     compiled = compile_plan(plan, len(profile.blocks))
-    for address, program in compiled.programs.items():
-        capacity = cluster.device(address).type.memory
-        if not device_memory(program, profile, optimizer=plan.optimizer, capacity=capacity).fits:
-            return None
+    memory = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype)
+    if not all(use.fits for use in memory.values()):
+        return None
     return simulate(plan, profile, cluster, compiled=compiled)
 
 
@@ -316,6 +315,7 @@ def plan_training(
     from planner.solve.baselines import baseline_plans
 
     search = _Search(profile, cluster, opts)
+    check_dtype_supported(cluster, profile.dtype, file=cluster.file, field="nodes[].devices[].type")
     for device_type in cluster.device_types.values():
         profile.time_scale(device_type)  # a missing device type is an error before any search
     structures = list(

@@ -17,7 +17,7 @@ import numpy as np
 from planner.contracts.catalog import DeviceType
 from planner.contracts.cluster import Cluster
 from planner.contracts.model_profile import ModelProfile
-from planner.simulate.memory import MASTER_COPY_BYTES, OPTIMIZER_STATE_BYTES, reserve_bytes
+from planner.simulate.memory import FP32_BYTES, MIXED_PRECISION, static_bytes_per_param
 
 __all__ = ["CostTables"]
 
@@ -35,8 +35,16 @@ class CostTables:
         self.param_bytes = np.concatenate([[0.0], np.cumsum([b.param_bytes for b in blocks])])
         self.activation = np.concatenate([[0.0], np.cumsum([b.activation_bytes for b in blocks])])
         self.output_bytes = np.array([b.output_bytes for b in blocks])
-        state = OPTIMIZER_STATE_BYTES[optimizer] + (MASTER_COPY_BYTES if profile.dtype in ("fp16", "bf16") else 0.0)
-        self.state_per_param = state
+        # held_output[j]: bytes per sample a stage ending at block j keeps besides its saved
+        # activations until the backward: its output (and, on the last stage of an fp16/bf16 plan,
+        # the loss's fp32 logits), as the memory walk counts them
+        self.held_output = np.concatenate([[0.0], self.output_bytes])
+        if profile.dtype in MIXED_PRECISION and blocks:
+            self.held_output[-1] += blocks[-1].output_bytes / profile.dtype_bytes * FP32_BYTES
+        # bytes per parameter beyond the weights (gradients, master copy, optimizer state), as the
+        # memory walk counts them (planner/simulate/memory.py)
+        weight = float(profile.dtype_bytes)
+        self.state_per_param = static_bytes_per_param(profile.dtype, optimizer, weight) - weight
         self._prefix = lru_cache(maxsize=None)(self._compute_prefix)
 
     def device_type(self, name: str) -> DeviceType:
@@ -62,12 +70,13 @@ class CostTables:
         """Weights, gradients and optimizer state of blocks ``[start, end)``."""
         weights = self.param_bytes[end] - self.param_bytes[start]
         params = self.params[end] - self.params[start]
-        return float(2.0 * weights + self.state_per_param * params)
+        return float(weights + self.state_per_param * params)
 
     def stage_memory(self, device: DeviceType, start: int, end: int, *, m: int, in_flight: int) -> float:
         """Peak bytes on a device holding ``[start, end)`` with ``in_flight`` micro-batches of ``m`` samples."""
-        activations = (self.activation[end] - self.activation[start]) * m * in_flight
-        return self.static_memory(start, end) + float(activations) + reserve_bytes(device.memory)
+        activations = (self.activation[end] - self.activation[start] + self.held_output[end]) * m * in_flight
+        return self.static_memory(start, end) + float(activations)
 
     def fits(self, device: DeviceType, start: int, end: int, *, m: int, in_flight: int) -> bool:
-        return self.stage_memory(device, start, end, m=m, in_flight=in_flight) <= device.memory
+        """A quick check for pruning (the memory walk of the compiled plan is the exact one)."""
+        return device.fits(self.stage_memory(device, start, end, m=m, in_flight=in_flight))

@@ -172,9 +172,14 @@ def runlog_table(records: list[StepRecord]) -> list[Any]:
             format_time(sum(r.compute_s for r in rs) / n),
             format_time(sum(r.wait_s for r in rs) / n),
             format_time(sum(r.comm_s for r in rs) / n),
-            format_bytes(max(r.peak_memory_bytes for r in rs)),
+            _peak(rs),
         )
     return [table]
+
+
+def _peak(records: list[StepRecord]) -> str:
+    measured = [r.peak_memory_bytes for r in records if r.peak_memory_bytes is not None]
+    return format_bytes(max(measured)) if measured else "-"
 
 
 def runlog_summary(records: list[StepRecord]) -> dict[str, Any]:

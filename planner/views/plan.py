@@ -1,4 +1,9 @@
-"""What ``hetplan plan``, ``show`` and ``compare`` print about a plan."""
+"""What ``hetplan plan``, ``show`` and ``compare`` print about a plan.
+
+Every predicted iteration time is printed with its band (:mod:`planner.profile.trust`): how far the
+real time may lie from it, given where the profile's times came from, e.g.
+``1.23 s (estimated times: -21%/+39%, docs/estimates.md)``.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +15,55 @@ from rich.text import Text
 from planner.contracts.cluster import Cluster
 from planner.contracts.model_profile import ModelProfile
 from planner.contracts.plan import Plan
+from planner.errors import HetplanError
+from planner.profile.trust import Band, time_band
 from planner.units import format_bytes, format_time
 
-__all__ = ["compare_rows", "compare_table", "plan_summary_renderables"]
+__all__ = ["compare_rows", "compare_table", "plan_band", "plan_summary_renderables"]
 
 
-def plan_summary_renderables(plan: Plan, cluster: Cluster) -> list[Any]:
-    """Stages and devices, memory headroom, bottleneck, lower bound, runners-up, baselines."""
+def plan_band(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Band:
+    """The band of the plan's predicted times: from the profile's times on the types it uses."""
+    return time_band(profile, [cluster.device(a).type for a in plan.all_devices()])
+
+
+def _profile_of(plan: Plan) -> ModelProfile | None:
+    """The plan's profile, loaded from the path it records (None when it cannot be read)."""
+    from planner.contracts.plan import load_plan_inputs
+
+    if "profile" not in (plan.inputs or {}):
+        return None  # a plan not yet written (no input paths)
+    try:
+        return load_plan_inputs(plan)[0]
+    except (HetplanError, OSError):
+        return None
+
+
+def _band(band: dict[str, Any]) -> Band:
+    return Band(low=band["low"], high=band["high"], sources=tuple(band["sources"]), reference=band["reference"])
+
+
+def _with_band(seconds: float, band: dict[str, Any] | None) -> str:
+    """``1.23 s (estimated times: -21%/+39%, docs/estimates.md)``, or the bare time without a band."""
+    if not band:
+        return format_time(seconds)
+    return f"{format_time(seconds)} ({_band(band).label()})"
+
+
+def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile | None = None) -> list[Any]:
+    """Stages and devices, memory headroom, bottleneck, lower bound, runners-up, baselines.
+
+    ``profile`` gives the band of the predicted time; without it, the profile the plan names is read.
+    """
     predicted = plan.predicted or {}
+    if profile is None and predicted:
+        profile = _profile_of(plan)
+    band = None
+    if profile is not None:
+        try:
+            band = plan_band(plan, profile, cluster).to_dict()
+        except HetplanError:
+            band = None  # the profile lacks a type the plan uses: check_plan says so elsewhere
     memory = predicted.get("memory", {})
     table = Table(
         title=f"Plan: global batch {plan.global_batch}, {plan.schedule}, {plan.optimizer}, "
@@ -53,7 +99,7 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster) -> list[Any]:
         out.append(Text("device speeds are EMULATED on this machine (slowdown factors)", style="bold yellow"))
     if predicted:
         line = Text()
-        line.append(f"predicted iteration {format_time(predicted['iteration_s'])}", style="bold")
+        line.append(f"predicted iteration {_with_band(predicted['iteration_s'], band)}", style="bold")
         line.append(f", {predicted['samples_per_s']:,.1f} samples/s, bubble {predicted['bubble_fraction']:.1%}, ")
         line.append(f"bottleneck: {predicted.get('bottleneck', '?')}", style="bold red")
         out.append(line)
@@ -77,12 +123,14 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster) -> list[Any]:
             runners.add_row(r["structure"], format_time(r["iteration_s"]), f"{r['slower_by']:.1%}", r["bottleneck"])
         out.append(runners)
     if plan.baselines:
-        out.append(compare_table(_rows_from_file(plan)))
+        out.append(compare_table(_rows_from_file(plan, band)))
     return out
 
 
-def _rows_from_file(plan: Plan) -> list[dict[str, Any]]:
-    rows = [{"name": "hetplan", "iteration_s": plan.predicted.get("iteration_s"), "speedup": 1.0}]
+def _rows_from_file(plan: Plan, band: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = [{"name": "hetplan", "iteration_s": plan.predicted.get("iteration_s"), "speedup": 1.0}]
+    if band is not None:
+        rows[0]["band"] = band
     for name, b in plan.baselines.items():
         if b.get("fits", True) is False:
             rows.append({"name": name, "iteration_s": None, "speedup": None})
@@ -96,12 +144,15 @@ def compare_rows(plan: Plan, profile: ModelProfile, cluster: Cluster) -> list[di
     from planner.simulate import simulate
 
     sim = simulate(plan, profile, cluster)
-    rows = [{"name": "hetplan", "iteration_s": sim.iteration_s, "speedup": 1.0}]
+    band = plan_band(plan, profile, cluster).to_dict()
+    # baselines may use any device of the cluster: their band covers every type in it
+    everyone = time_band(profile, [d.type for d in cluster.devices]).to_dict()
+    rows: list[dict[str, Any]] = [{"name": "hetplan", "iteration_s": sim.iteration_s, "speedup": 1.0, "band": band}]
     if plan.baselines:
         for row in _rows_from_file(plan)[1:]:
             if row["iteration_s"] is not None:
                 row["speedup"] = row["iteration_s"] / sim.iteration_s
-            rows.append(row)
+            rows.append({**row, "band": everyone})
         return rows
     from planner.solve.baselines import baseline_plans
     from planner.solve.search import PlanOptions
@@ -109,14 +160,16 @@ def compare_rows(plan: Plan, profile: ModelProfile, cluster: Cluster) -> list[di
     opts = PlanOptions(global_batch=plan.global_batch, schedule=plan.schedule, optimizer=plan.optimizer)
     for name, candidate in baseline_plans(profile, cluster, opts, plan).items():
         if candidate is None:
-            rows.append({"name": name, "iteration_s": None, "speedup": None})
+            rows.append({"name": name, "iteration_s": None, "speedup": None, "band": everyone})
         else:
             t = candidate.sim.iteration_s
-            rows.append({"name": name, "iteration_s": t, "speedup": t / sim.iteration_s})
+            rows.append({"name": name, "iteration_s": t, "speedup": t / sim.iteration_s, "band": everyone})
     return rows
 
 
 def compare_table(rows: list[dict[str, Any]]) -> Table:
+    """One row per plan; the hetplan row's iteration time carries its band (baselines share the
+    profile, so theirs is the same or, over every type of the cluster, the envelope in the caption)."""
     table = Table(title="Plan vs baselines (same inputs, same simulator)", title_justify="left")
     table.add_column("plan")
     table.add_column("iteration", justify="right")
@@ -125,7 +178,10 @@ def compare_table(rows: list[dict[str, Any]]) -> Table:
         if r["iteration_s"] is None:
             table.add_row(r["name"], "does not fit", "-")
         else:
-            table.add_row(
-                r["name"], format_time(r["iteration_s"]), "-" if r["name"] == "hetplan" else f"{r['speedup']:.2f}x"
-            )
+            ours = r["name"] == "hetplan"
+            shown = _with_band(r["iteration_s"], r.get("band")) if ours else format_time(r["iteration_s"])
+            table.add_row(r["name"], shown, "-" if ours else f"{r['speedup']:.2f}x")
+    others = [r.get("band") for r in rows if r["name"] != "hetplan" and r.get("band")]
+    if others and others[0] != next((r.get("band") for r in rows if r["name"] == "hetplan"), None):
+        table.caption = f"baselines, over every device type of the cluster: {_band(others[0]).label()}"
     return table

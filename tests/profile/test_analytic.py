@@ -178,6 +178,37 @@ def test_weights_are_read_once_per_micro_batch(family: str) -> None:
             assert b.weight_traffic == b.param_bytes
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_parts_add_up_to_the_block_and_split_work_by_kind(family: str) -> None:
+    for dtype in ("fp32", "fp16"):
+        for b in costs(family, None, dtype):
+            parts = b.works()
+            assert b.parts, b.name  # every family splits its blocks
+            assert sum(p.flops for p in parts) == pytest.approx(b.flops_fwd, rel=1e-12)
+            assert sum(p.traffic for p in parts) == pytest.approx(b.activation_traffic, rel=1e-12)
+            assert sum(p.weight_traffic for p in parts) == pytest.approx(b.weight_traffic, rel=1e-12)
+            assert sum(p.kernels for p in parts) == b.kernels
+            assert all(p.flops == 0 for p in parts if p.kind == "memory")
+
+
+def test_transformer_sub_blocks_have_gemm_attention_and_memory_work() -> None:
+    blocks = costs("gpt", {"layers": 1, "hidden": 512, "heads": 8, "seq": 256}, "fp16")
+    attn, mlp = blocks[1], blocks[2]
+    assert [p.kind for p in attn.parts] == ["gemm", "attention", "attention", "gemm", "memory"]
+    assert [p.kind for p in mlp.parts] == ["gemm", "gemm", "memory"]
+    s, h = 256, 512
+    assert sum(p.flops for p in attn.parts if p.kind == "attention") == pytest.approx(4 * s * s * h)
+    assert blocks[0].parts[0].kind == "memory" and blocks[-1].parts[1].kind == "gemm"
+    conv = costs("resnet", {"depth": 50})[1]
+    assert {p.kind for p in conv.parts} == {"gemm", "memory"}
+
+
+def test_a_block_cost_whose_parts_do_not_add_up_is_refused() -> None:
+    b = costs("gpt", {"layers": 1})[1]
+    with pytest.raises(HetplanError, match="add up"):
+        BlockCost(**{**b.__dict__, "flops_fwd": b.flops_fwd * 2})
+
+
 # -- times --------------------------------------------------------------------------------------
 
 
@@ -223,12 +254,29 @@ def test_backward_is_twice_forward_for_dense_blocks() -> None:
 
 
 def test_efficiency_constants_change_times_and_are_recorded() -> None:
+    """The single-roof model of earlier profiles is reproduced on request, and says so."""
     slow = Efficiency(compute_max=0.3)
-    base = analytic_profile("vgg", devices=[A100])
+    legacy = analytic_profile("vgg", devices=[A100], efficiency=Efficiency())
     worse = analytic_profile("vgg", devices=[A100], efficiency=slow)
-    assert worse.blocks[1].times[A100.name][8].fwd > base.blocks[1].times[A100.name][8].fwd
+    assert worse.blocks[1].times[A100.name][8].fwd > legacy.blocks[1].times[A100.name][8].fwd
     assert worse.source["efficiency"]["compute_max"] == 0.3
+    assert worse.source["efficiency"]["model"] == "single roof (legacy)"
     assert worse.source["tool"] == "hetplan analytic"
+
+
+def test_default_times_record_the_achieved_figures_per_device() -> None:
+    from dataclasses import replace
+
+    from planner.contracts.catalog import AchievedEfficiency
+
+    figs = AchievedEfficiency(gemm={"fp32": 0.8, "fp16": 0.6}, attention=0.5, memory=0.8, launch_s=5e-6, sms=108)
+    stated = replace(A100, efficiency=figs)
+    slower = replace(A100, efficiency=replace(figs, gemm={"fp32": 0.4, "fp16": 0.3}))
+    base = analytic_profile("vgg", devices=[stated])
+    worse = analytic_profile("vgg", devices=[slower])
+    assert worse.blocks[1].times[A100.name][8].fwd > base.blocks[1].times[A100.name][8].fwd
+    note = base.source["efficiency"]["devices"][A100.name]
+    assert note["gemm"] == {"fp32": 0.8, "fp16": 0.6} and note["gemm_tflops"] == pytest.approx(0.8 * 19.5)
 
 
 def test_profile_contract_round_trip() -> None:

@@ -1,4 +1,5 @@
-"""The roofline: efficiency curve, the two roofs, launch overhead and carrying times across devices."""
+"""The roofline: the single-roof model of earlier profiles (efficiency curve, two roofs, launch
+overhead), and carrying times across devices by the ratio of achieved-efficiency estimates."""
 
 from __future__ import annotations
 
@@ -6,14 +7,21 @@ import itertools
 
 import pytest
 
-from planner.contracts.catalog import DeviceType
+from planner.contracts import load_catalog
+from planner.contracts.catalog import AchievedEfficiency, DeviceType
+from planner.contracts.model_profile import Block, ModelProfile, Timing
 from planner.errors import HetplanError
+from planner.profile.analytic import FAMILIES, analytic_profile
+from planner.profile.analytic.base import gemm_work, memory_work
+from planner.profile.carry import block_works, carry_times
+from planner.profile.efficiency import achieved
 from planner.profile.roofline import (
     BACKWARD_FLOPS_FACTOR,
     Efficiency,
     compute_efficiency,
     estimate_fwd_bwd,
     estimate_seconds,
+    scale_block_time,
     scale_time,
 )
 
@@ -115,3 +123,87 @@ def test_scale_time_to_another_dtype_uses_the_target_peak() -> None:
 def test_bad_input_is_a_hetplan_error(call) -> None:
     with pytest.raises(HetplanError):
         call()
+
+
+# -- carrying a measured time by the ratio of achieved-efficiency estimates ----------------------------
+
+CATALOG = load_catalog()
+FIGS = AchievedEfficiency(gemm={"fp32": 0.8, "fp16": 0.6}, attention=0.5, memory=0.8, launch_s=0.0, sms=108)
+GPU = DeviceType("GPU", 80 * GiB, 2000e9, {"fp32": 20e12, "fp16": 300e12}, efficiency=FIGS)
+GPU_X2 = DeviceType("GPUx2", 80 * GiB, 4000e9, {"fp32": 40e12, "fp16": 600e12}, efficiency=FIGS)
+FAST_MATH = DeviceType("fast-math", 80 * GiB, 2000e9, {"fp32": 40e12, "fp16": 600e12}, efficiency=FIGS)
+
+
+def test_scale_block_time_is_identity_on_the_same_device() -> None:
+    works = FAMILIES["gpt"].blocks(None, "fp16")[1].works()
+    assert scale_block_time(0.0123, works, 4, GPU, GPU, "fp16") == pytest.approx(0.0123)
+
+
+def test_scale_block_time_halves_on_a_device_twice_as_fast_in_every_respect() -> None:
+    works = FAMILIES["gpt"].blocks(None, "fp16")[1].works()
+    assert scale_block_time(0.01, works, 4, GPU, GPU_X2, "fp16") == pytest.approx(0.005)
+    assert scale_block_time(0.005, works, 4, GPU_X2, GPU, "fp16", backward=True) == pytest.approx(0.01)
+
+
+def test_scale_block_time_follows_the_mix_of_work() -> None:
+    """Twice the FLOP/s but the same bandwidth: a GEMM-bound block halves, a memory-bound one stays."""
+    gemm = (gemm_work(8192, 8192, 8192, 2),)
+    memory = (memory_work(1e9, 0),)
+    assert scale_block_time(1.0, gemm, 1, GPU, FAST_MATH, "fp16") == pytest.approx(0.5)
+    assert scale_block_time(1.0, memory, 1, GPU, FAST_MATH, "fp16") == pytest.approx(1.0)
+    both = gemm + memory
+    assert 0.5 < scale_block_time(1.0, both, 1, GPU, FAST_MATH, "fp16") < 1.0
+
+
+def test_scale_block_time_to_another_dtype_scales_bytes_and_uses_the_target_rate() -> None:
+    gemm = (gemm_work(8192, 8192, 8192, 4),)
+    expected = achieved(GPU, "fp32").gemm_flops / achieved(GPU, "fp16").gemm_flops
+    assert scale_block_time(1.0, gemm, 1, GPU, GPU, "fp32", to_dtype="fp16") == pytest.approx(expected)
+    memory = (memory_work(4e9, 0),)
+    assert scale_block_time(1.0, memory, 1, GPU, GPU, "fp32", to_dtype="fp16") == pytest.approx(0.5)
+    with pytest.raises(HetplanError):
+        scale_block_time(1.0, memory, 1, GPU, GPU, "int8")
+    with pytest.raises(HetplanError):
+        scale_block_time(-1.0, memory, 1, GPU, GPU, "fp32")
+
+
+def test_carrying_an_analytic_profile_reproduces_the_analytic_estimates() -> None:
+    """The carried ratio and the analytic profiler use one model: A100 times carried to V100 and T4
+    are the V100 and T4 estimates."""
+    a100, v100, t4 = (CATALOG.get(n) for n in ("A100-80GB", "V100-16GB", "T4"))
+    config = {"layers": 2, "hidden": 512, "heads": 8, "seq": 256}
+    source = analytic_profile("gpt", config, devices=[a100], dtype="fp16")
+    carried = carry_times(source, a100.name, [v100, t4], catalog=CATALOG)
+    direct = analytic_profile("gpt", config, devices=[v100, t4], dtype="fp16")
+    for got, want in zip(carried.blocks, direct.blocks, strict=True):
+        for name in (v100.name, t4.name):
+            for m, t in want.times[name].items():
+                assert got.times[name][m].fwd == pytest.approx(t.fwd)
+                assert got.times[name][m].bwd == pytest.approx(t.bwd)
+                assert got.times[name][m].source == "estimated"
+    assert "achieved-efficiency" in carried.source["carried"]["method"]
+
+
+def _imported(kind: str, flops: float, config: dict) -> ModelProfile:
+    block = Block("layer0", kind, 0, 0.0, 1e6, 1e6, flops, times={"V100-16GB": {1: Timing(0.01, 0.02, "imported")}})
+    return ModelProfile(model={"name": "x", "config": config}, dtype="fp16", blocks=[block])
+
+
+def test_an_imported_transformer_layer_is_carried_by_its_analytic_parts() -> None:
+    s, h, a = 2048, 1024, 16
+    config = {"hidden_size": h, "sequence_length": s, "heads": a}
+    layer = _imported("transformer", 24.0 * s * h * h + 4.0 * s * s * h, config)
+    kinds = [w.kind for w in block_works(layer)[0]]
+    assert kinds.count("attention") == 2 and kinds.count("memory") == 2 and kinds.count("gemm") == 4
+    # FLOPs that do not match the stated shape: the generic GEMM + memory split
+    odd = _imported("transformer", 1e9, config)
+    assert [w.kind for w in block_works(odd)[0]] == ["gemm", "memory"]
+
+
+def test_a_block_without_flops_carries_by_bandwidth_if_a_lookup_else_by_gemm_rate() -> None:
+    fast_memory = DeviceType("fast-memory", 80 * GiB, 4000e9, GPU.peak, efficiency=FIGS)
+    lookup = _imported("embedding", 0.0, {})
+    unknown = _imported("conv", 0.0, {})
+    for profile, expected in ((lookup, 0.005), (unknown, 0.01)):
+        works = block_works(profile)[0]
+        assert scale_block_time(0.01, works, 1, GPU, fast_memory, "fp16") == pytest.approx(expected)

@@ -137,14 +137,18 @@ def test_the_validator_refuses_a_schedule_that_would_deadlock() -> None:
     plan = _plan([Pipeline(2, (1, 1), (_stage(0, 3, "n0/0"), _stage(3, 6, "n0/1")))])
     programs = {a: list(p.actions) for a, p in compile_plan(plan, 6).programs.items()}
     validate_programs(programs)  # the compiled schedule is fine
-    # stage 0 waits for micro-batch 0's gradient before sending its activation: both wait forever
+    # stage 0 waits for micro-batch 0's gradient (and runs its backward) before sending its
+    # activation: both wait forever
     acts = programs["n0/0"]
     send = next(i for i, a in enumerate(acts) if a.kind.value == "SA" and a.micro == 0)
-    recv = next(i for i, a in enumerate(acts) if a.kind.value == "RG" and a.micro == 0)
+    backward = next(i for i, a in enumerate(acts) if a.kind.value == "B" and a.micro == 0)
     moved = acts[send]
     reordered = [a for i, a in enumerate(acts) if i != send]
-    reordered.insert(reordered.index(acts[recv]) + 1, moved)
+    reordered.insert(reordered.index(acts[backward]) + 1, moved)
     with pytest.raises(HetplanError, match="deadlock"):
+        validate_programs({**programs, "n0/0": reordered}, semantics="gloo")
+    # under NCCL too (there the pair's sends and receives are also posted in different orders)
+    with pytest.raises(HetplanError, match=r"same order|deadlock"):
         validate_programs({**programs, "n0/0": reordered})
     # a backward before its forward is refused too
     with pytest.raises(HetplanError, match="before its forward"):
@@ -174,3 +178,77 @@ def test_a_text_with_more_characters_than_the_vocabulary_is_refused(tmp_path) ->
     text.write_text("".join(chr(c) for c in range(40, 120)) * 3)
     with pytest.raises(HetplanError, match="--vocab 80"):
         TextData(text, seq=8, vocab=31)
+
+
+# -- mixed precision ---------------------------------------------------------------------------------
+#: fp16/bf16 runs add up per-micro-batch gradients in fp32 where the reference takes one backward over
+#: the whole batch in half precision, so they agree to the dtype's precision, not bit for bit:
+#: losses within 1e-3, and every weight within two units in the last place of the dtype (relative).
+MIXED_LOSS_ATOL = 1e-3
+MIXED_PARAM_RTOL = {"bf16": 2 * 2.0**-8, "fp16": 2 * 2.0**-11}
+
+
+def _check_mixed_against_reference(tmp_path, plan: Plan, dtype: str) -> list[dict]:
+    plan.dtype = dtype
+    profile = _profile(GPT)
+    profile.dtype = dtype
+    cluster = make_cluster([("n0", [("cpu", 4)])])
+    config = build_rank_config(plan, profile, cluster, seed=7, backend="gloo", timeout_s=60)
+    assert config["training"]["dtype"] == dtype
+    path = tmp_path / "rank-config.yaml"
+    write_yaml(config, path)
+    result = launch_local(path, steps=STEPS, save=tmp_path / "ckpt")
+    losses, blocks = train_reference(
+        GPT,
+        global_batch=plan.global_batch,
+        optimizer=plan.optimizer,
+        lr=config["training"]["lr"],
+        seed=7,
+        steps=STEPS,
+        dtype=dtype,
+    )
+    measured = [r["loss"] for r in result.records if r["rank"] == 0]
+    assert measured == pytest.approx(losses, abs=MIXED_LOSS_ATOL)
+    rtol = MIXED_PARAM_RTOL[dtype]
+    for i, block in enumerate(blocks):
+        saved = torch.load(tmp_path / "ckpt" / f"block-{i:04d}.pt", weights_only=False)
+        for name, value in block.state_dict().items():
+            assert saved["params"][name].dtype == value.dtype
+            if value.is_floating_point():
+                torch.testing.assert_close(saved["params"][name], value.detach(), rtol=rtol, atol=rtol)
+        assert all(m.dtype == torch.float32 for m in saved["master"])  # fp32 master weights
+    return result.records
+
+
+def test_bf16_two_stages_unequal_micro_batches_match_a_bf16_single_process_run(tmp_path) -> None:
+    plan = _plan([Pipeline(8, (2, 2, 4), (_stage(0, 3, "n0/0"), _stage(3, 6, "n0/1")))], optimizer="momentum")
+    records = _check_mixed_against_reference(tmp_path, plan, "bf16")
+    assert all(r["dtype"] == "bf16" for r in records)
+
+
+def test_fp16_replicas_and_pipelines_cut_differently_match_an_fp16_single_process_run(tmp_path) -> None:
+    plan = _plan(
+        [
+            Pipeline(5, (2, 3), (_stage(0, 2, "n0/0", "n0/1", shares=(0.6, 0.4)), _stage(2, 6, "n0/2"))),
+            Pipeline(3, (3,), (_stage(0, 6, "n0/3"),)),
+        ]
+    )
+    records = _check_mixed_against_reference(tmp_path, plan, "fp16")
+    # dynamic loss scaling: the scale is logged, and no step of this small model overflowed
+    assert all(r["loss_scale"] == 2.0**16 and r["skipped_step"] is False for r in records)
+
+
+def test_fp16_loss_scaling_skips_an_overflowing_step_on_every_rank_and_halves_the_scale() -> None:
+    from planner.runtime.precision import Precision
+
+    params = [torch.nn.Parameter(torch.ones(3, dtype=torch.float16))]
+    precision = Precision("fp16", params, optimizer="sgd", lr=0.1)
+    precision.main_grads[0].fill_(float("inf"))
+    assert precision.nonfinite() == 1
+    # another rank's overflow (the all-reduced count) skips this rank's step too
+    precision.main_grads[0].fill_(1.0)
+    assert precision.step(nonfinite_anywhere=1) is False
+    assert params[0].tolist() == [1.0, 1.0, 1.0] and precision.scaler.scale == 2.0**15
+    precision.main_grads[0].fill_(2.0**15)  # a scaled gradient of 1.0
+    assert precision.step(nonfinite_anywhere=0) is True
+    assert params[0].tolist() == pytest.approx([0.9, 0.9, 0.9], abs=1e-3)

@@ -41,7 +41,9 @@ def test_peak_activations_follow_the_schedule(schedule: str, expected) -> None:
     for s in range(p):
         memory = result.devices[f"n0/{s}"].memory
         assert memory.peak_micro_batches == expected(s, p, m)
-        assert memory.activations == pytest.approx(1000.0 * expected(s, p, m))
+        # the held micro-batches, plus during a backward a workspace of one block's activations
+        # (each stage holds one block; no outputs, no parameters in this profile)
+        assert memory.activations == pytest.approx(1000.0 * (expected(s, p, m) + 1))
 
 
 def test_transfer_costs_latency_plus_bytes_over_bandwidth() -> None:

@@ -8,19 +8,95 @@
 Weights are read once per micro-batch while activations scale with it, so a :class:`BlockCost`
 keeps the two apart (``weight_traffic`` per call, ``activation_traffic`` per sample) and the
 memory roof at micro-batch ``m`` uses ``weight_traffic + m * activation_traffic``.
+
+A block is also split into :class:`Work` parts by kind (``gemm``, ``attention``, ``memory``),
+because the kernels of a block run one after another and each kind runs on its own roof: a GEMM
+at the achieved matmul rate, a LayerNorm at the achieved bandwidth (docs/estimates.md). The parts
+add up exactly to the block's totals (checked on construction).
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from planner.contracts.catalog import DTYPE_BYTES
 from planner.errors import HetplanError
+from planner.profile.efficiency import TILE
 
-__all__ = ["BlockCost", "Family", "config_error", "dtype_bytes"]
+__all__ = ["WORK_KINDS", "BlockCost", "Family", "Work", "config_error", "dtype_bytes", "gemm_work", "memory_work"]
+
+#: The kinds of work a block is split into, each timed on its own roof.
+WORK_KINDS = ("gemm", "attention", "memory")
+
+
+@dataclass(frozen=True)
+class Work:
+    """One kind of work inside a block: per sample unless the name says otherwise.
+
+    ``tiles`` is the GEMM's output tiles per sample (rows x columns / 128², times the batch of a
+    batched matmul): how much parallel work it gives the SMs. None means "large enough to fill any
+    GPU" (used where the shape is unknown). Memory work has no tiles and no FLOPs.
+    """
+
+    kind: str
+    flops: float = 0.0
+    traffic: float = 0.0  # activation bytes read and written, per sample
+    weight_traffic: float = 0.0  # per call: weights read once however large the micro-batch
+    tiles: float | None = 0.0
+    kernels: int = 1
+    bwd_weight_traffic: float | None = None  # per call; None: 2 x weight_traffic (read W, write dW)
+
+    def __post_init__(self) -> None:
+        if self.kind not in WORK_KINDS:
+            raise HetplanError(f"unknown kind of work {self.kind!r}; expected one of {', '.join(WORK_KINDS)}")
+        if min(self.flops, self.traffic, self.weight_traffic) < 0 or self.kernels < 0:
+            raise HetplanError(f"negative amounts in {self!r}")
+        if self.kind == "memory" and self.flops:
+            raise HetplanError("memory-bound work carries no FLOPs (they would go unpriced)")
+        if self.kind != "memory" and self.flops and self.tiles is not None and self.tiles <= 0:
+            raise HetplanError(f"a matmul needs output tiles > 0, got {self.tiles!r}")
+
+    @property
+    def bwd_weights(self) -> float:
+        """Weight bytes the backward touches per call."""
+        return 2.0 * self.weight_traffic if self.bwd_weight_traffic is None else self.bwd_weight_traffic
+
+
+def gemm_work(
+    rows: float, inner: float, cols: float, d: int, *, batch: float = 1.0, weights: bool = True, kind: str = "gemm"
+) -> Work:
+    """A matmul ``[rows x inner] @ [inner x cols]`` per sample (``batch`` of them, batched).
+
+    With ``weights`` the right operand is a weight, read once per call; otherwise (attention's
+    batched matmuls) both operands are activations, read for every sample.
+    """
+    traffic = d * batch * (rows * inner + rows * cols + (0 if weights else inner * cols))
+    return Work(
+        kind=kind,
+        flops=2.0 * batch * rows * inner * cols,
+        traffic=float(traffic),
+        weight_traffic=float(d * inner * cols) if weights else 0.0,
+        tiles=batch * rows * cols / TILE,
+        kernels=1,
+    )
+
+
+def memory_work(
+    traffic: float, kernels: int, *, weight_traffic: float = 0.0, bwd_weight_traffic: float | None = None
+) -> Work:
+    """Elementwise, norm, softmax or lookup kernels moving ``traffic`` bytes per sample."""
+    return Work(
+        kind="memory",
+        traffic=float(traffic),
+        weight_traffic=float(weight_traffic),
+        tiles=None,
+        kernels=kernels,
+        bwd_weight_traffic=bwd_weight_traffic,
+    )
 
 
 @dataclass(frozen=True)
@@ -43,6 +119,44 @@ class BlockCost:
     work_items: float  # per sample: rows of parallel work (GEMM rows or output pixels)
     kernels: int = 1  # kernels one forward call launches
     bwd_weight_traffic: float | None = None  # per micro-batch; None: 2 x weight_traffic (read W, write dW)
+    parts: tuple[Work, ...] = ()  # the same work split by kind; () = one GEMM-like part (see works())
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            return
+        totals = (
+            ("flops_fwd", self.flops_fwd, sum(p.flops for p in self.parts)),
+            ("activation_traffic", self.activation_traffic, sum(p.traffic for p in self.parts)),
+            ("weight_traffic", self.weight_traffic, sum(p.weight_traffic for p in self.parts)),
+            ("bwd_weight_traffic", self.bwd_weights, sum(p.bwd_weights for p in self.parts)),
+            ("kernels", float(self.kernels), float(sum(p.kernels for p in self.parts))),
+        )
+        for name, whole, parts in totals:
+            if not math.isclose(whole, parts, rel_tol=1e-9, abs_tol=1e-9):
+                raise HetplanError(f"block {self.name}: its parts add up to {name} {parts:g}, not {whole:g}")
+
+    @property
+    def bwd_weights(self) -> float:
+        """Weight bytes the backward touches per call."""
+        return 2.0 * self.weight_traffic if self.bwd_weight_traffic is None else self.bwd_weight_traffic
+
+    def works(self) -> tuple[Work, ...]:
+        """The block's work by kind. A block built without parts is one matmul-like part of unknown
+        shape (taken as filling the GPU), or pure memory work when it has no FLOPs."""
+        if self.parts:
+            return self.parts
+        kind = "gemm" if self.flops_fwd > 0 else "memory"
+        return (
+            Work(
+                kind=kind,
+                flops=self.flops_fwd,
+                traffic=self.activation_traffic,
+                weight_traffic=self.weight_traffic,
+                tiles=None,
+                kernels=self.kernels,
+                bwd_weight_traffic=self.bwd_weight_traffic,
+            ),
+        )
 
     def bytes_moved(self, m: int) -> float:
         """Forward bytes through memory at micro-batch ``m``: weights once, activations ``m`` times."""
@@ -52,8 +166,7 @@ class BlockCost:
         """Backward bytes at micro-batch ``m``: weight reads and weight-gradient writes once per call,
         twice the forward activation traffic (read saved tensors and output gradients, write input
         gradients)."""
-        weights = 2.0 * self.weight_traffic if self.bwd_weight_traffic is None else self.bwd_weight_traffic
-        return weights + 2.0 * m * self.activation_traffic
+        return self.bwd_weights + 2.0 * m * self.activation_traffic
 
 
 def dtype_bytes(dtype: str) -> int:

@@ -16,7 +16,7 @@ BERT-base), which must hold ``seq``.
 
 from __future__ import annotations
 
-from planner.profile.analytic.base import BlockCost, config_error, dtype_bytes
+from planner.profile.analytic.base import BlockCost, config_error, dtype_bytes, gemm_work, memory_work
 from planner.profile.analytic.transformer import attention_block, mlp_block
 
 __all__ = ["DEFAULTS", "HELP", "blocks", "check", "input_bytes"]
@@ -39,6 +39,8 @@ def check(config: dict[str, int]) -> None:
 
 def _embedding(s: int, h: int, v: int, positions: int, d: int) -> BlockCost:
     params = v * h + positions * h + TOKEN_TYPES * h + 2 * h
+    # ids read; three rows gathered, sum written, LN read+write, dropout read+write; mask
+    traffic = 2 * s * TOKEN_ID_BYTES + 8 * s * h * d + s * h
     return BlockCost(
         name="embedding",
         kind="embedding",
@@ -48,11 +50,11 @@ def _embedding(s: int, h: int, v: int, positions: int, d: int) -> BlockCost:
         activation_bytes=float(s * h * d + s * h),  # LayerNorm input, dropout mask
         output_bytes=float(s * h * d),
         weight_traffic=0.0,
-        # ids read; three rows gathered, sum written, LN read+write, dropout read+write; mask
-        activation_traffic=float(2 * s * TOKEN_ID_BYTES + 8 * s * h * d + s * h),
+        activation_traffic=float(traffic),
         work_items=float(s),
         kernels=7,  # three lookups, two adds, LayerNorm, dropout
         bwd_weight_traffic=float(2 * params * d),
+        parts=(memory_work(traffic, 7, bwd_weight_traffic=float(2 * params * d)),),
     )
 
 
@@ -65,7 +67,17 @@ def _head(s: int, h: int, v: int, d: int) -> BlockCost:
     # MLM: dense input, GeLU input, LN input, decoder input (s·h each), log-softmax (s·V);
     # pooler: [CLS] input, tanh output; NSP: input, log-softmax (2).
     activation = 4 * s * h * d + s * v * d + 3 * h * d + 2 * d
-    traffic = d * (2 * s * h + 2 * s * h + 2 * s * h + s * h + s * v + 4 * h + 2)
+    # ... and the loss's log-softmax over the MLM logits (read + write s·V)
+    traffic = d * (2 * s * h + 2 * s * h + 2 * s * h + s * h + s * v + 4 * h + 2 + 2 * s * v)
+    parts = (
+        gemm_work(1, h, h, d),  # pooler dense on [CLS]
+        gemm_work(1, h, 2, d),  # next-sentence classifier
+        gemm_work(s, h, h, d),  # MLM dense
+        gemm_work(s, h, v, d),  # MLM decoder: writes the s·V logits
+        # tanh, GeLU (read+write s·h), LayerNorm (read+write s·h), decoder bias; their weights
+        memory_work(d * (4 * s * h + h), 4, weight_traffic=d * (h + 2 + h + 2 * h + v)),
+        memory_work(d * 2 * s * v, 1),  # the loss's log-softmax over the MLM logits
+    )
     return BlockCost(
         name="head",
         kind="head",
@@ -77,7 +89,8 @@ def _head(s: int, h: int, v: int, d: int) -> BlockCost:
         weight_traffic=float(params * d),
         activation_traffic=float(traffic),
         work_items=float(s),
-        kernels=8,  # pooler dense, tanh, NSP dense, MLM dense, GeLU, LN, decoder, bias
+        kernels=9,  # pooler dense, tanh, NSP dense, MLM dense, GeLU, LN, decoder, bias, log-softmax
+        parts=parts,
     )
 
 

@@ -8,7 +8,10 @@
     profile.save("gpt.profile.yaml")
 
 Every time in the result is marked ``source: estimated``; ``source`` in the profile records the
-efficiency constants used, so an estimate can be reproduced or compared with a measurement.
+efficiency figures used per device type, so an estimate can be reproduced or compared with a
+measurement. Times come from :func:`planner.profile.roofline.block_seconds` (each kind of work on
+its own roof, at the rates each type reaches: docs/estimates.md); passing ``efficiency=`` (the
+single-roof :class:`~planner.profile.roofline.Efficiency`) reproduces a profile made before.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from planner.contracts.model_profile import Block, ModelProfile, Timing
 from planner.errors import HetplanError
 from planner.profile.analytic.base import BlockCost, dtype_bytes
 from planner.profile.analytic.registry import get_family
-from planner.profile.roofline import Efficiency, estimate_fwd_bwd
+from planner.profile.efficiency import achieved, figures
+from planner.profile.roofline import Efficiency, estimate_fwd_bwd, works_seconds
 
 __all__ = ["DEFAULT_MICRO_BATCHES", "analytic_profile", "block_times"]
 
@@ -41,10 +45,22 @@ def _check_micro_batches(micro_batches: Sequence[int]) -> tuple[int, ...]:
 
 
 def block_times(
-    cost: BlockCost, device: DeviceType, dtype: str, micro_batches: Sequence[int], efficiency: Efficiency
+    cost: BlockCost,
+    device: DeviceType,
+    dtype: str,
+    micro_batches: Sequence[int],
+    efficiency: Efficiency | None = None,
 ) -> dict[int, Timing]:
-    """Estimated (forward, backward) seconds of one block at each micro-batch size."""
+    """Estimated (forward, backward) seconds of one block at each micro-batch size: by the
+    achieved-efficiency model, or by the single-roof model when ``efficiency`` is given."""
     out: dict[int, Timing] = {}
+    if efficiency is None:
+        rates = achieved(device, dtype)
+        works = cost.works()
+        for m in micro_batches:
+            fwd, bwd = works_seconds(works, m, rates)
+            out[m] = Timing(fwd=fwd, bwd=bwd, source="estimated")
+        return out
     for m in micro_batches:
         fwd, bwd = estimate_fwd_bwd(
             m * cost.flops_fwd,
@@ -58,6 +74,16 @@ def block_times(
         )
         out[m] = Timing(fwd=fwd, bwd=bwd, source="estimated")
     return out
+
+
+def _efficiency_note(devices: Sequence[DeviceType], dtype: str, legacy: Efficiency | None) -> dict[str, Any]:
+    """What the times were computed with, per device type (recorded in the profile's ``source``)."""
+    if legacy is not None:
+        return {"model": "single roof (legacy)", **legacy.to_dict()}
+    return {
+        "model": "achieved efficiency per device type and kind of work (docs/estimates.md)",
+        "devices": {d.name: {**figures(d).to_dict(), **achieved(d, dtype).to_dict()} for d in devices},
+    }
 
 
 def analytic_profile(
@@ -78,13 +104,12 @@ def analytic_profile(
     dtype_bytes(dtype)
     full = fam.full_config(config)
     sizes = _check_micro_batches(micro_batches)
-    eff = efficiency or Efficiency()
     names = [device.name for device in devices]
     if len(set(names)) != len(names):
         raise HetplanError(f"device types named twice: {', '.join(names)}", field="devices")
     blocks = []
     for cost in fam.build(full, dtype):
-        times = {device.name: block_times(cost, device, dtype, sizes, eff) for device in devices}
+        times = {device.name: block_times(cost, device, dtype, sizes, efficiency) for device in devices}
         blocks.append(
             Block(
                 name=cost.name,
@@ -99,7 +124,7 @@ def analytic_profile(
         )
     source = {
         "tool": "hetplan analytic",
-        "efficiency": eff.to_dict(),
+        "efficiency": _efficiency_note(devices, dtype, efficiency),
         "flops": "2 per multiply-add; matmuls and convolutions only",
         "devices": {d.name: d.label() for d in devices},
     }

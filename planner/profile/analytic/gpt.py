@@ -17,7 +17,7 @@ The head returns the logits (s·V·d bytes per sample); the cross-entropy's save
 
 from __future__ import annotations
 
-from planner.profile.analytic.base import BlockCost, config_error, dtype_bytes
+from planner.profile.analytic.base import BlockCost, config_error, dtype_bytes, gemm_work, memory_work
 from planner.profile.analytic.transformer import attention_block, mlp_block
 
 __all__ = ["DEFAULTS", "HELP", "blocks", "check", "embedding_block", "input_bytes", "lm_head_block"]
@@ -39,6 +39,7 @@ def embedding_block(*, seq: int, hidden: int, vocab: int, positions: int, d: int
     """Token and position lookups, their sum and dropout (GPT-2 layout, no LayerNorm)."""
     s, h = seq, hidden
     params = vocab * h + positions * h
+    traffic = s * TOKEN_ID_BYTES + 5 * s * h * d + s * h
     return BlockCost(
         name="embedding",
         kind="embedding",
@@ -49,18 +50,25 @@ def embedding_block(*, seq: int, hidden: int, vocab: int, positions: int, d: int
         output_bytes=float(s * h * d),
         weight_traffic=0.0,  # a lookup reads s rows per sample, counted below, not the table
         # ids read, two rows gathered, sum written, dropout read+write, mask written
-        activation_traffic=float(s * TOKEN_ID_BYTES + 5 * s * h * d + s * h),
+        activation_traffic=float(traffic),
         work_items=float(s),
         kernels=4,  # two lookups, add, dropout
         # backward fills a dense gradient for both tables and accumulates into .grad
         bwd_weight_traffic=float(2 * params * d),
+        parts=(memory_work(traffic, 4, bwd_weight_traffic=float(2 * params * d)),),
     )
 
 
 def lm_head_block(*, seq: int, hidden: int, vocab: int, d: int) -> BlockCost:
-    """Final LayerNorm + untied LM head (no bias); returns logits."""
+    """Final LayerNorm + untied LM head (no bias); returns logits. The loss's log-softmax runs on
+    the same device, so its pass over the logits is counted here too."""
     s, h, v = seq, hidden, vocab
     params = 2 * h + v * h
+    parts = (
+        memory_work(d * 2 * s * h, 1, weight_traffic=d * 2 * h),  # LayerNorm read + write
+        gemm_work(s, h, v, d),  # LM head: reads s·h, writes the s·V logits
+        memory_work(d * 2 * s * v, 1),  # the loss's log-softmax: reads the logits, writes its output
+    )
     return BlockCost(
         name="head",
         kind="head",
@@ -71,9 +79,11 @@ def lm_head_block(*, seq: int, hidden: int, vocab: int, d: int) -> BlockCost:
         activation_bytes=float(2 * s * h * d + s * v * d),
         output_bytes=float(s * v * d),
         weight_traffic=float(params * d),
-        activation_traffic=float(d * (2 * s * h + s * h + s * v)),  # LN read+write, GEMM read, logits written
+        # LN read+write, GEMM read, logits written, log-softmax read + write
+        activation_traffic=float(d * (2 * s * h + s * h + s * v + 2 * s * v)),
         work_items=float(s),
-        kernels=2,
+        kernels=3,
+        parts=parts,
     )
 
 

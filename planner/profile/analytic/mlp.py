@@ -6,7 +6,8 @@
 
 Block ``layerI`` is linear + ReLU (input -> width, then width -> width); the last block is the
 linear layer to ``classes`` alone, returning the logits. One row of work per sample, so small
-micro-batches run far below peak (see :func:`planner.profile.roofline.compute_efficiency`).
+micro-batches are bound by reading the weights (the GEMM part's memory roof) and fill few tiles
+(:func:`planner.profile.efficiency.wave_saturation`).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@
     cost = t.block("stem", "stem", output_elems=64 * 56 * 56, work_items=112 * 112)
 
 Each op adds its parameters, multiply-adds, the bytes it reads and writes (no fusion) and one kernel.
+Convolutions (implicit GEMM: rows = output pixels, inner = C_in·k², columns = C_out) and linear
+layers become ``gemm`` parts; every other op adds to the block's one ``memory`` part.
 What is kept for backward is said explicitly with :meth:`Tally.keep` or an op's ``keep_*`` flag,
 following one rule for every family: a block keeps its own input (the next block keeps its output),
 plus each internal tensor some op saves (BatchNorm input, ReLU output, pooling indices, masks).
@@ -14,9 +16,10 @@ plus each internal tensor some op saves (BatchNorm input, ReLU output, pooling i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from planner.profile.analytic.base import BlockCost
+from planner.profile.analytic.base import BlockCost, Work, memory_work
+from planner.profile.efficiency import TILE
 
 __all__ = ["INDEX_BYTES", "Tally", "conv_out"]
 
@@ -40,6 +43,7 @@ class Tally:
     kept: float = 0.0  # bytes kept for backward, per sample
     traffic: float = 0.0  # activation bytes read + written, per sample
     kernels: int = 0
+    gemms: list[Work] = field(default_factory=list)  # convolutions and linear layers, in order
 
     def keep(self, elems: float, *, nbytes: float | None = None) -> None:
         """Count ``elems`` elements (at ``nbytes`` each, default ``d``) as kept for backward."""
@@ -54,10 +58,18 @@ class Tally:
     ) -> tuple[int, int]:
         """A dense 2-D convolution; returns the output (height, width)."""
         ho, wo = conv_out(hw[0], kernel, stride, pad), conv_out(hw[1], kernel, stride, pad)
-        self.params += cout * cin * kernel * kernel + (cout if bias else 0)
-        self.macs += float(cout * ho * wo) * cin * kernel * kernel
+        weights = cout * cin * kernel * kernel + (cout if bias else 0)
+        macs = float(cout * ho * wo) * cin * kernel * kernel
+        self.params += weights
+        self.macs += macs
         self._rw(cin * hw[0] * hw[1], cout * ho * wo)
+        self._gemm(2.0 * macs, (cin * hw[0] * hw[1] + cout * ho * wo) * self.d, weights, ho * wo * cout / TILE)
         return ho, wo
+
+    def _gemm(self, flops: float, traffic: float, weights: int, tiles: float) -> None:
+        self.gemms.append(
+            Work(kind="gemm", flops=flops, traffic=float(traffic), weight_traffic=float(weights * self.d), tiles=tiles)
+        )
 
     def batchnorm(self, c: int, hw: tuple[int, int], *, keep_input: bool) -> None:
         """BatchNorm (weight and bias; running statistics are buffers, not parameters)."""
@@ -90,9 +102,11 @@ class Tally:
 
     def linear(self, fin: int, fout: int, *, bias: bool = True, keep_input: bool) -> None:
         """A fully connected layer on one row per sample."""
-        self.params += fin * fout + (fout if bias else 0)
+        weights = fin * fout + (fout if bias else 0)
+        self.params += weights
         self.macs += float(fin) * fout
         self._rw(fin, fout)
+        self._gemm(2.0 * fin * fout, (fin + fout) * self.d, weights, fout / TILE)  # one row per sample
         if keep_input:
             self.keep(fin)
 
@@ -108,6 +122,17 @@ class Tally:
 
     def block(self, name: str, kind: str, *, output_elems: float, work_items: float) -> BlockCost:
         """The finished block's costs (FLOPs = 2 x multiply-adds)."""
+        gemm_params = sum(w.weight_traffic for w in self.gemms) / self.d
+        memory_kernels = self.kernels - len(self.gemms)
+        parts = list(self.gemms)
+        if memory_kernels > 0:
+            parts.append(
+                memory_work(
+                    self.traffic - sum(w.traffic for w in self.gemms),
+                    memory_kernels,
+                    weight_traffic=(self.params - gemm_params) * self.d,
+                )
+            )
         return BlockCost(
             name=name,
             kind=kind,
@@ -120,4 +145,5 @@ class Tally:
             activation_traffic=float(self.traffic),
             work_items=float(work_items),
             kernels=max(self.kernels, 1),
+            parts=tuple(parts) if self.kernels else (),
         )

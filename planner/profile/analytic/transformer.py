@@ -16,11 +16,17 @@ Per sample, s = seq, h = hidden, a = heads, f = ffn (4h), d = bytes per element:
 - Output: the hidden state, s·h·d.
 
 Pre-LN (GPT) and post-LN (BERT) layers cost the same: the LayerNorm only moves to the other end.
+
+Work by kind (each on its own roof, docs/estimates.md): attention = the QKV and output-projection
+GEMMs + the batched per-head QKᵀ and AV matmuls (``attention``) + LayerNorm, head split, softmax,
+dropouts and the residual add (``memory``); MLP = the two GEMMs + LayerNorm, GeLU, dropout and
+the residual add. Attention is taken unfused (scores materialised), as the eager frameworks of
+the published measurements run it; biases and LayerNorm weights are read by the memory kernels.
 """
 
 from __future__ import annotations
 
-from planner.profile.analytic.base import BlockCost
+from planner.profile.analytic.base import BlockCost, gemm_work, memory_work
 
 __all__ = ["attention_block", "attention_params", "mlp_block", "mlp_params"]
 
@@ -50,6 +56,16 @@ def attention_block(name: str, *, seq: int, hidden: int, heads: int, dtype_bytes
     # projection read+write 2, dropout+residual read 2 write 1 (s·h elements: 15); scores written,
     # softmax read+write, dropout read+write, read by AV (a·s²: 6); two 1-byte masks written.
     traffic = d * (15 * s * h + 6 * a * s * s) + s * h + a * s * s
+    dh = h // a
+    parts = (
+        gemm_work(s, h, 3 * h, d),  # QKV projection: reads s·h, writes 3·s·h
+        gemm_work(s, dh, s, d, batch=a, weights=False, kind="attention"),  # QKᵀ: reads Q, K; writes a·s²
+        gemm_work(s, s, dh, d, batch=a, weights=False, kind="attention"),  # AV: reads a·s², V; writes s·h
+        gemm_work(s, h, h, d),  # output projection
+        # LN read+write, dropout+residual read 2 write 1 (5·s·h); softmax and dropout read+write
+        # (4·a·s²); two 1-byte masks; LN, head split, softmax, dropout, dropout, add
+        memory_work(d * (5 * s * h + 4 * a * s * s) + s * h + a * s * s, 6, weight_traffic=d * (2 * h + 3 * h + h)),
+    )
     return BlockCost(
         name=name,
         kind="attention",
@@ -62,6 +78,7 @@ def attention_block(name: str, *, seq: int, hidden: int, heads: int, dtype_bytes
         activation_traffic=float(traffic),
         work_items=float(s),
         kernels=10,  # LN, QKV, head split, QKᵀ, softmax, dropout, AV, out, dropout, add
+        parts=parts,
     )
 
 
@@ -75,6 +92,12 @@ def mlp_block(name: str, *, seq: int, hidden: int, ffn: int, dtype_bytes: int) -
     activation = s * (2 * h * d + 2 * f * d + h)
     # Unfused forward: LN 2·s·h, up s·h + s·f, GeLU 2·s·f, down s·f + s·h, dropout+residual 3·s·h.
     traffic = d * s * (7 * h + 4 * f) + s * h
+    parts = (
+        gemm_work(s, h, f, d),  # up projection
+        gemm_work(s, f, h, d),  # down projection
+        # LN read+write 2·s·h, GeLU read+write 2·s·f, dropout+residual 3·s·h, the mask; LN, GeLU, dropout, add
+        memory_work(d * s * (5 * h + 2 * f) + s * h, 4, weight_traffic=d * (2 * h + f + h)),
+    )
     return BlockCost(
         name=name,
         kind="mlp",
@@ -87,4 +110,5 @@ def mlp_block(name: str, *, seq: int, hidden: int, ffn: int, dtype_bytes: int) -
         activation_traffic=float(traffic),
         work_items=float(s),
         kernels=6,  # LN, up, GeLU, down, dropout, add
+        parts=parts,
     )

@@ -1,0 +1,188 @@
+"""The calibration's parameters and how a choice of them becomes a profile and a cluster.
+
+Every parameter is fitted as ``theta``, the log of its value over a reference (its input value), so
+a value stays positive and ``theta = 0`` is the input:
+
+* ``compute[TYPE]`` (or ``compute[TYPE/KIND]``): a factor on every forward and backward time of the
+  device type (of its blocks of that kind);
+* ``bandwidth[LINK]`` and ``latency[LINK]`` of each link class: each node's own link
+  (``node NAME``), the default ``network``, each ``group NAME`` and each pair override
+  (``A<->B``);
+* ``collective_efficiency``: the cluster's all-reduce speed relative to the alpha-beta model.
+
+:class:`Model` applies values the only way the output files can: it scales the profile's times
+and rewrites the cluster's raw mapping, then parses it as ``load_cluster`` would, so a fitted value
+predicts exactly what the written files will.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from planner.contracts.catalog import Catalog
+from planner.contracts.cluster import Cluster, parse_cluster
+from planner.contracts.model_profile import ModelProfile, Timing
+from planner.errors import HetplanError
+from planner.units import parse_bandwidth, parse_time
+
+__all__ = ["LATENCY_START", "Model", "Param", "block_kinds", "candidate_params", "timed_types"]
+
+#: A link stated with zero latency cannot be scaled in log space; a fitted one starts here instead.
+LATENCY_START = 1e-6
+
+#: Order in which, of two equally unresolved parameters, one goes back to its prior first: a
+#: latency is the least likely to matter, a compute factor the most.
+_PRIORITY = {"latency": 0, "bandwidth": 1, "collective": 2, "compute": 3}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One fitted quantity: ``value = ref * exp(theta)``; ``prior`` is the input file's value."""
+
+    name: str
+    kind: str  # "compute", "bandwidth", "latency", "collective"
+    target: tuple[Any, ...]  # compute: (type, kind | None); link: ("node", i) / ("network",) / ("group", i) / ...
+    prior: float
+    ref: float
+
+    def value(self, theta: float) -> float:
+        return self.ref * math.exp(theta)
+
+    @property
+    def priority(self) -> int:
+        return _PRIORITY[self.kind]
+
+
+def timed_types(profile: ModelProfile, cluster: Cluster) -> dict[str, tuple[str, float]]:
+    """The cluster's device types the profile has times for: name -> (profile key, factor), as
+    :meth:`ModelProfile.time_scale` resolves them (a type without times cannot be fitted, or used)."""
+    out: dict[str, tuple[str, float]] = {}
+    for name, device_type in cluster.device_types.items():
+        try:
+            out[name] = profile.time_scale(device_type)
+        except HetplanError:
+            continue
+    return out
+
+
+def block_kinds(profile: ModelProfile) -> list[str]:
+    """The profile's block kinds, in first-seen order."""
+    return list(dict.fromkeys(b.kind for b in profile.blocks))
+
+
+def _link_params(label: str, where: tuple[Any, ...], raw: dict[str, Any]) -> list[Param]:
+    bandwidth = parse_bandwidth(raw["bandwidth"])
+    latency = parse_time(raw.get("latency", 0.0))
+    return [
+        Param(f"bandwidth[{label}]", "bandwidth", where, bandwidth, bandwidth),
+        Param(f"latency[{label}]", "latency", where, latency, latency if latency > 0 else LATENCY_START),
+    ]
+
+
+def candidate_params(
+    raw_cluster: dict[str, Any], cluster: Cluster, profile: ModelProfile, *, per_kind: set[str] = frozenset()
+) -> list[Param]:
+    """Every parameter the cluster and profile offer, in a fixed order (compute, links, collective).
+
+    ``per_kind``: device types that get one factor per block kind instead of one in all."""
+    params: list[Param] = []
+    kinds = block_kinds(profile)
+    for name in timed_types(profile, cluster):
+        if name in per_kind:
+            params += [Param(f"compute[{name}/{k}]", "compute", (name, k), 1.0, 1.0) for k in kinds]
+        else:
+            params.append(Param(f"compute[{name}]", "compute", (name, None), 1.0, 1.0))
+    for i, node in enumerate(raw_cluster["nodes"]):
+        if isinstance(node.get("link"), dict) and len(cluster.node(node["name"]).devices) > 1:
+            params += _link_params(f"node {node['name']}", ("node", i), node["link"])
+    network = raw_cluster["network"]
+    params += _link_params("network", ("network",), network)
+    for i, group in enumerate(network.get("groups") or []):
+        params += _link_params(f"group {group['name']}", ("group", i), group)
+    for i, pair in enumerate(network.get("overrides") or []):
+        a, b = pair["between"]
+        params += _link_params(f"{a}<->{b}", ("override", i), pair)
+    efficiency = cluster.collective_efficiency
+    params.append(Param("collective_efficiency", "collective", ("collective",), efficiency, efficiency))
+    return params
+
+
+def _scale_times(times: dict[int, Timing], factor: float, source: str | None) -> dict[int, Timing]:
+    return {
+        m: Timing(fwd=t.fwd * factor, bwd=t.bwd * factor, source=source or t.source, spread=t.spread)
+        for m, t in times.items()
+    }
+
+
+@dataclass
+class Model:
+    """The input profile and cluster, and how to rebuild both for given parameter values."""
+
+    profile: ModelProfile
+    raw_cluster: dict[str, Any]
+    cluster: Cluster
+    catalog: Catalog
+    params: list[Param]
+    _timed: dict[str, tuple[str, float]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._timed = timed_types(self.profile, self.cluster)
+
+    def build_profile(self, values: dict[Param, float]) -> ModelProfile:
+        """The profile with each fitted type's times scaled by its compute factor(s).
+
+        A fitted type gets times under its own name (its base type's times x its emulation slowdown x
+        the factor, for an emulated type), marked ``calibrated``. An unfitted emulated type whose base
+        type's times were just rescaled is pinned to its input times, so that a factor fitted for one
+        type does not leak into another that no measurement saw."""
+        factors: dict[str, dict[str | None, float]] = {}
+        for p, v in values.items():
+            if p.kind == "compute":
+                type_name, kind = p.target
+                factors.setdefault(type_name, {})[kind] = v
+        if not factors:
+            return self.profile
+        scales = self._timed
+        source = {name: scales[name] for name in factors}
+        pinned = {name: ks for name, ks in scales.items() if name not in factors and ks[0] in factors}
+        blocks = []
+        for block in self.profile.blocks:
+            times = dict(block.times)
+            for name, by_kind in factors.items():
+                key, scale = source[name]
+                factor = by_kind.get(block.kind, by_kind.get(None, 1.0))
+                times[name] = _scale_times(block.times[key], scale * factor, "calibrated")
+            for name, (key, scale) in pinned.items():
+                times[name] = _scale_times(block.times[key], scale, None)
+            blocks.append(replace(block, times=times))
+        return replace(self.profile, blocks=blocks)
+
+    def build_raw_cluster(self, values: dict[Param, float]) -> dict[str, Any]:
+        """The cluster's raw mapping with each fitted link figure and the collective efficiency replaced."""
+        raw = copy.deepcopy(self.raw_cluster)
+        for p, v in values.items():
+            if p.kind == "compute":
+                continue
+            if p.kind == "collective":
+                raw["collective_efficiency"] = v
+                continue
+            key = "bandwidth" if p.kind == "bandwidth" else "latency"
+            where = p.target
+            if where[0] == "node":
+                raw["nodes"][where[1]]["link"][key] = v
+            elif where[0] == "network":
+                raw["network"][key] = v
+            elif where[0] == "group":
+                raw["network"]["groups"][where[1]][key] = v
+            else:
+                raw["network"]["overrides"][where[1]][key] = v
+        return raw
+
+    def build(self, values: dict[Param, float]) -> tuple[ModelProfile, Cluster]:
+        """Profile and cluster for ``values`` (parameters not given keep their input values)."""
+        raw = self.build_raw_cluster(values)
+        cluster = parse_cluster(raw, file=self.cluster.file, catalog=self.catalog)
+        return self.build_profile(values), cluster

@@ -1,0 +1,80 @@
+"""Which parameters each measured run's simulation reads at all.
+
+The fit simulates every run many times, each time with one parameter moved (finite differences).
+A run whose simulation does not read that parameter gives the same result, so it need not be
+simulated again; on a cluster of many nodes each plan crosses a few link classes, so this is most
+of the work saved. It also tells "no measured plan uses it" apart from "used, but the data cannot
+tell its value".
+
+What a run reads is found by asking the cluster, not by repeating its rules: a link or collective
+parameter matters to a run when moving it changes any figure the simulator takes from the cluster
+for that plan (the link of each transfer, the network interface of each node it uses, the links and
+the efficiency of each gradient group's all-reduce). A compute parameter matters when the plan
+computes on its device type.
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.calibrate.inputs import Observation
+from planner.calibrate.params import Model, Param
+from planner.contracts.cluster import Cluster
+
+__all__ = ["relevance"]
+
+
+def _signature(cluster: Cluster, obs: Observation) -> tuple:
+    """Every figure of the cluster the simulation of ``obs``'s plan may read: the link of each
+    transfer, the network interface of each node with traffic to another node, and for each
+    gradient group held by several devices the links an all-reduce among them may cross (each
+    node's own link where it holds two or more of them, the network path between any two of their
+    nodes) and the collective efficiency."""
+    compiled = obs.compiled
+    devices = {a: cluster.device(a) for a in compiled.programs}
+    links = [cluster.link(devices[t.src], devices[t.dst]) for t in compiled.transfers]
+    networked = {
+        devices[a].node
+        for t in compiled.transfers
+        for a in (t.src, t.dst)
+        if devices[t.src].node != devices[t.dst].node
+    }
+    collective = []
+    for g in compiled.groups:
+        if len(g.devices) <= 1:
+            continue
+        per_node: dict[str, int] = {}
+        for a in g.devices:
+            per_node[devices[a].node] = per_node.get(devices[a].node, 0) + 1
+        nodes = sorted(per_node)
+        if len(nodes) > 1:
+            networked.update(nodes)
+        links += [cluster.node(n).link for n in nodes if per_node[n] > 1]
+        links += [cluster.inter_node_link(a, b) for k, a in enumerate(nodes) for b in nodes[k + 1 :]]
+        collective = [cluster.collective_efficiency]
+    nics = tuple(cluster.node(n).nic_bandwidth for n in sorted(networked))
+    return tuple(links), nics, tuple(collective)
+
+
+def relevance(model: Model, observations: list[Observation]) -> list[set[int]]:
+    """For each run, the indices of the parameters its simulation reads."""
+    out: list[set[int]] = [set() for _ in observations]
+    types = [{model.cluster.device(a).type.name for a in obs.compiled.programs} for obs in observations]
+    base = [_signature(model.cluster, obs) for obs in observations]
+    for j, p in enumerate(model.params):
+        if p.kind == "compute":
+            for i in range(len(observations)):
+                if p.target[0] in types[i]:
+                    out[i].add(j)
+            continue
+        moved = _moved(model, p)
+        for i, obs in enumerate(observations):
+            if _signature(moved, obs) != base[i]:
+                out[i].add(j)
+    return out
+
+
+def _moved(model: Model, p: Param) -> Cluster:
+    """The cluster with ``p`` doubled (a zero latency set to its starting value, then doubled)."""
+    _, cluster = model.build({p: p.value(math.log(2.0))})
+    return cluster

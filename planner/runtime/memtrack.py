@@ -1,0 +1,55 @@
+"""Peak tensor memory of one training step, measured at the allocator, on CPU as on GPU.
+
+    peak, stats = measure_peak(lambda: executor.run_step(step), held=executor.held_tensors(), device=dev)
+
+On CUDA it is ``torch.cuda.max_memory_allocated`` (the caching allocator's peak of live tensor
+bytes, since the run began). On CPU there is no such counter, and process RSS counts the
+interpreter, libraries and freed-but-kept pages; so the step runs under the torch profiler with
+memory tracking (``profile_memory=True``), which records every allocation and free of the CPU
+allocator with its size: the peak is the bytes of tensors alive when the step began plus the
+highest running sum of those records. The profiler slows the step down, so the runtime measures
+one step of a run this way (the second, once the optimizer state exists), not every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+__all__ = ["live_bytes", "measure_peak"]
+
+T = TypeVar("T")
+
+
+def live_bytes(tensors: Iterable[torch.Tensor]) -> float:
+    """Bytes of the distinct storages behind ``tensors`` (a storage shared by views counts once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        storage = t.untyped_storage()
+        seen[storage.data_ptr()] = storage.nbytes()
+    return float(sum(seen.values()))
+
+
+def measure_peak(run: Callable[[], T], *, held: Iterable[torch.Tensor], device: torch.device) -> tuple[float, T]:
+    """Run ``run()``; return the peak of live tensor bytes during it (``held``: those alive before)."""
+    if device.type == "cuda":
+        result = run()
+        return float(torch.cuda.max_memory_allocated(device)), result
+    baseline = live_bytes(held)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+        result = run()
+    deltas = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    )
+    running = peak = 0.0
+    for _, nbytes in deltas:
+        running += nbytes
+        peak = max(peak, running)
+    return baseline + peak, result
