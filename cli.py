@@ -418,14 +418,19 @@ def show(file: str, as_json: bool) -> None:
 
     kind, obj = load_any(file)
     if as_json:
-        _print_json(summary(kind, obj))
+        data = summary(kind, obj)
+        if kind == "plan":
+            from planner.views.plan import plan_json_band
+
+            data["band"] = plan_json_band(obj)
+        _print_json(data)
     elif kind == "plan":
         from planner.contracts.plan import check_plan, load_plan_inputs
         from planner.views.plan import plan_summary_renderables
 
         loaded_profile, loaded_cluster = load_plan_inputs(obj)
         check_plan(obj, loaded_cluster, loaded_profile)
-        _print_all(plan_summary_renderables(obj, loaded_cluster))
+        _print_all(plan_summary_renderables(obj, loaded_cluster, loaded_profile))
     else:
         _print_all(renderables(kind, obj))
 
@@ -502,7 +507,7 @@ def plan(
         dtype=loaded_profile.dtype,
     )
     final.save(output)
-    _print_all(plan_summary_renderables(final, loaded_cluster))
+    _print_all(plan_summary_renderables(final, loaded_cluster, loaded_profile))
     console.print(f"wrote {output}")
 
 

@@ -148,3 +148,31 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(["--version"], capsys)
     assert (code, err) == (0, "")
     assert out.strip() == f"hetplan, version {__version__}"
+
+
+def test_bf16_on_a_gpu_without_bf16_is_refused_by_plan_and_validate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tmp_path / "p.yaml"
+    cluster = str(bundled_profiles_dir() / "clusters" / "a100-40-v100.yaml")
+    code, _, err = run(
+        [
+            "profile", "gpt", "--layers", "2", "--hidden", "64", "--heads", "2", "--seq", "16",
+            "--analytic", "--devices", "A100-40GB,V100-16GB", "--dtype", "bf16", "-o", str(profile),
+        ],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    code, _, err = run(["plan", str(profile), cluster, "--batch", "16", "-o", str(tmp_path / "plan.yaml")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "a100-40-v100.yaml" in err and "V100-16GB" in err and "cannot run bf16" in err
+    # a hand-written bf16 plan that puts a stage on a V100 is refused by validate, naming the field
+    plan = {
+        "schema": "hetplan/plan/v1",
+        "inputs": {"profile": {"path": str(profile)}, "cluster": {"path": cluster}},
+        "global_batch": 4,
+        "pipelines": [{"batch": 4, "micro_batches": [4], "stages": [{"blocks": [0, 6], "devices": ["node1/0"]}]}],
+    }
+    (tmp_path / "hand.yaml").write_text(yaml.safe_dump(plan))
+    code, _, err = run(["validate", str(tmp_path / "hand.yaml")], capsys)
+    assert code == 2 and "hand.yaml: dtype:" in err and "node1/0 is a V100-16GB" in err

@@ -7,6 +7,7 @@ from typing import Any
 
 from planner.contracts.catalog import CATALOG_SCHEMA, load_catalog
 from planner.contracts.cluster import CLUSTER_SCHEMA, parse_cluster
+from planner.contracts.measurements import MEASUREMENTS_SCHEMA, parse_measurements
 from planner.contracts.model_profile import PROFILE_SCHEMA, parse_profile
 from planner.contracts.plan import PLAN_SCHEMA, parse_plan
 from planner.contracts.runlog import load_run_log
@@ -20,11 +21,12 @@ KINDS = {
     CLUSTER_SCHEMA: "cluster",
     PROFILE_SCHEMA: "profile",
     PLAN_SCHEMA: "plan",
+    MEASUREMENTS_SCHEMA: "measurements",
 }
 
 
 def load_any(path: str | Path) -> tuple[str, Any]:
-    """``(kind, object)`` for a catalog, cluster, profile, plan or run log file."""
+    """``(kind, object)`` for a catalog, cluster, profile, plan, measurements or run log file."""
     if str(path).endswith(".jsonl"):
         return "runlog", load_run_log(path)
     data = read_mapping(path)
@@ -47,4 +49,6 @@ def load_any(path: str | Path) -> tuple[str, Any]:
         return kind, parse_cluster(data, file=name)
     if kind == "profile":
         return kind, parse_profile(data, file=name)
+    if kind == "measurements":
+        return kind, parse_measurements(data, file=name)
     return kind, parse_plan(data, file=name)

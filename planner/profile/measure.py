@@ -205,6 +205,19 @@ def _run_once(
     return t1 - t0, t3 - t2, output.detach()
 
 
+class _CarryDtype(nn.Module):
+    """A block whose floating-point output is cast to the compute dtype (the runtime's boundary rule)."""
+
+    def __init__(self, block: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.block = block
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.block(x)
+        return y.to(self.dtype) if y.is_floating_point() and y.dtype != self.dtype else y
+
+
 def _timing(fwd: Sequence[float], bwd: Sequence[float]) -> Timing:
     return Timing(
         fwd=_sig(statistics.median(fwd)),
@@ -459,6 +472,9 @@ def _measure(
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     blocks = [b.to(device=dev, dtype=torch_dtype) for b in zoo.build_blocks(0, n, seed)]
+    mixed = dtype in ("fp16", "bf16")
+    if mixed:  # as the runtime runs them: every block's floating output carries the compute dtype
+        blocks = [_CarryDtype(b, torch_dtype) for b in blocks]
     stats: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)] * n
     total, done = len(sizes) * n * (1 + repeat), 0
 
@@ -473,7 +489,10 @@ def _measure(
     finishes: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
     fwd: dict[tuple[int, int], list[float]] = {(i, m): [] for i in range(n) for m in sizes}
     bwd: dict[tuple[int, int], list[float]] = {(i, m): [] for i in range(n) for m in sizes}
-    with _MathMode(dev, dtype) as math_mode, _Where(names) as where:
+    # fp16/bf16 under autocast, as the runtime trains them (planner/runtime/precision.py): softmax,
+    # norms and the loss run in fp32, which changes both the times and the bytes saved for backward
+    autocast = torch.autocast(dev.type, dtype=torch_dtype) if mixed else contextlib.nullcontext()
+    with _MathMode(dev, dtype) as math_mode, _Where(names) as where, autocast:
         # pass 1, per size: the synthetic batch through the blocks, each warmed up on its real input
         for m in sizes:
             x, y = zoo.sample_batch(m, seed=seed, step=0)

@@ -102,8 +102,13 @@ class RankExecutor:
         device: torch.device,
         *,
         emulate: bool,
+        blocking_allreduce: bool = False,
     ) -> None:
         self.config = config
+        # blocking_allreduce: the behaviour before the schedule contract (every all-reduce issued at
+        # its AR action and waited on there), kept only so benchmarks can measure what the
+        # asynchronous, hook-issued all-reduce changes
+        self.blocking_allreduce = blocking_allreduce
         self.address = address
         self.rank_of = rank_of
         self.device = device
@@ -153,6 +158,8 @@ class RankExecutor:
         self.group_of = {id(p): gid for gid, (_, held) in self.groups.items() for p in held}
         self._ready: dict[int, int] = {}
         self._issued: dict[int, tuple[dist.Work, torch.Tensor, list[torch.Tensor]]] = {}
+        self._done: set[int] = set()
+        self._hook_comm_cpu = 0.0  # CPU seconds the hooks spent issuing all-reduces during a compute
         self._final_backward = False
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)
@@ -165,21 +172,25 @@ class RankExecutor:
     # -- gradient hooks: mixed-precision accumulation and bucketed, asynchronous all-reduces ------------
     def _on_grad(self, p: torch.nn.Parameter) -> None:
         self.precision.accumulate_one(p)
-        if not self._final_backward:
+        if not self._final_backward or self.blocking_allreduce:
             return
         gid = self.group_of.get(id(p))
         if gid is None:
             return
         self._ready[gid] = self._ready.get(gid, 0) + 1
+        cpu = time.thread_time()
         self._issue_ready()
+        self._hook_comm_cpu += time.thread_time() - cpu  # communication, not compute: not emulated
 
-    def _issue_ready(self, *, all_groups: bool = False) -> None:
-        """Issue, in group order, every group whose gradients are all final (or every group left)."""
+    def _issue_ready(self, *, upto: int | None = None) -> None:
+        """Issue, in group order, every group whose gradients are all final; with ``upto``, every
+        group up to and including that one whether final or not (and with -1, every group)."""
         for gid in self.group_order:
-            if gid in self._issued:
+            if gid in self._issued or gid in self._done:
                 continue
             pg, held = self.groups[gid]
-            if not all_groups and self._ready.get(gid, 0) < len(held):
+            forced = upto is not None and (upto < 0 or gid <= upto)
+            if not forced and self._ready.get(gid, 0) < len(held):
                 return  # later groups wait: every rank issues its collectives in the same order
             grads = []
             for p in held:
@@ -190,19 +201,26 @@ class RankExecutor:
             flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(1, device=self.device)
             self._issued[gid] = (dist.all_reduce(flat, group=pg, async_op=True), flat, grads)
 
+    def _complete(self, gid: int, where) -> None:
+        """Wait for one group's all-reduce and put the summed gradients back in place."""
+        work, flat, grads = self._issued.pop(gid)
+        wait(work, timeout_s=self.config.timeout_s, what=where(f"AR{gid}"))
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset : offset + n].view_as(g))
+            offset += n
+        self._done.add(gid)
+
     def _finish_allreduces(self, stats: StepStats, where) -> None:
+        """At the step: every group issued (those the hooks have not) and waited on, in group order."""
         t0 = time.perf_counter()
-        self._issue_ready(all_groups=True)
+        self._issue_ready(upto=-1)
         for gid in self.group_order:
-            work, flat, grads = self._issued[gid]
-            wait(work, timeout_s=self.config.timeout_s, what=where(f"AR{gid}"))
-            offset = 0
-            for g in grads:
-                n = g.numel()
-                g.copy_(flat[offset : offset + n].view_as(g))
-                offset += n
-        self._issued.clear()
+            if gid not in self._done:
+                self._complete(gid, where)
         self._ready.clear()
+        self._done.clear()
         stats.comm_s += time.perf_counter() - t0
 
     # -- one step ------------------------------------------------------------------------------------
@@ -213,6 +231,7 @@ class RankExecutor:
 
     def _compute(self, fn, stats: StepStats) -> None:
         start, cpu_start = time.perf_counter(), time.thread_time()
+        self._hook_comm_cpu = 0.0
         fn()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -222,7 +241,7 @@ class RankExecutor:
             # slowdown x the CPU time it used. Not x the wall time: on a shared machine the wall
             # time includes waiting for a core, and multiplying that would make the emulated
             # device's speed depend on what the other ranks happen to do at the same moment.
-            target = (time.thread_time() - cpu_start) * self.slowdown
+            target = (time.thread_time() - cpu_start - self._hook_comm_cpu) * self.slowdown + self._hook_comm_cpu
             if target > elapsed:
                 time.sleep(target - elapsed)
                 elapsed = target
@@ -290,7 +309,13 @@ class RankExecutor:
                     stats.loss_sum += float(losses.pop(micro).detach()) * cfg.global_batch
                 # a received input stays until its gradient is posted back (_post_batch drops it)
             elif kind is Kind.ALLREDUCE:
-                self._issue_ready(all_groups=False)  # issued by the hooks; this is where the list says so
+                if self.blocking_allreduce:  # issue this group now and wait for it here
+                    t0 = time.perf_counter()
+                    self._issue_ready(upto=a.group)
+                    self._complete(a.group, where)
+                    stats.comm_s += time.perf_counter() - t0
+                else:
+                    self._issue_ready()  # issued by the hooks already, as a rule
             elif kind is Kind.STEP:
                 t0 = time.perf_counter()
                 for work, what, _ in in_flight_sends:

@@ -79,6 +79,7 @@ def launch_local(
     threads: int = 1,
     progress: Callable[[int, int], None] | None = None,
     kill_rank_after: tuple[int, float] | None = None,
+    blocking_allreduce: bool = False,
 ) -> LaunchResult:
     """Run ``steps`` steps with every rank here; ``kill_rank_after=(rank, seconds)`` is for fault tests."""
     config = load_rank_config(config_path)
@@ -120,6 +121,8 @@ def launch_local(
         ]
         if emulate:
             cmd.append("--emulate")
+        if blocking_allreduce:
+            cmd.append("--blocking-allreduce")
         if save:
             cmd += ["--save", str(save)]
         if resume:

@@ -18,8 +18,9 @@ on. What a device's list means (the runtime contract, produced by :mod:`planner.
 
 * ``F`` / ``B``: compute; always finishes.
 * a run of consecutive ``SA``/``RA``/``SG``/``RG`` is one *batch*, posted together
-  (``batch_isend_irecv``); the host then waits for every *receive* of the batch; its sends are
-  waited on at ``OPT`` at the latest.
+  (``batch_isend_irecv``); if the batch receives anything the host then waits for the whole batch
+  (NCCL returns one work for a coalesced batch, so its sends cannot be waited on apart from its
+  receives); a batch of sends alone is waited on at ``OPT`` at the latest.
 * ``AR g``: the all-reduce of gradient group ``g``, issued asynchronously; waited on at ``OPT``.
 * ``OPT`` (and the end of the list): waits for every outstanding send and all-reduce of the device.
 
@@ -255,7 +256,11 @@ class _AbstractRun:
                     seg_ops[seg].append(op)
                 op_seg.append(seg)
         self.batch_sends = [sum(op_send[x] for x in ops) for ops in batch_ops]
-        self.batch_pending = [len(ops) - n for ops, n in zip(batch_ops, self.batch_sends, strict=True)]
+        # the host waits for the whole batch when it receives anything (NCCL hands back one work for
+        # a coalesced batch, so its sends cannot be waited apart); a batch of sends alone runs on
+        self.batch_pending = [
+            len(ops) if len(ops) > n else 0 for ops, n in zip(batch_ops, self.batch_sends, strict=True)
+        ]
         self.batch_posted = [False] * len(batch_ops)
         self.seg_left = [len(ops) for ops in seg_ops]
         self.seg_posted = [False] * len(seg_ops)
@@ -399,8 +404,8 @@ class _AbstractRun:
                         outstanding[dev] -= 1
                         if not outstanding[dev]:
                             runnable.append(dev)
-                    else:
-                        b = op_batch[x]
+                    b = op_batch[x]
+                    if batch_pending[b]:  # a batch the host waits for (it receives something)
                         batch_pending[b] -= 1
                         if not batch_pending[b]:
                             runnable.append(dev)
@@ -510,7 +515,8 @@ class _AbstractRun:
         name = self.names[d]
         if pc < len(acts) and acts[pc].kind in _TRANSFERS:
             batch = self.batch_of[d][pc]
-            op = next(x for x in self.batch_ops[batch] if not self.op_send[x] and not self.op_done[x])
+            left = [x for x in self.batch_ops[batch] if not self.op_done[x]]
+            op = next((x for x in left if not self.op_send[x]), left[0])  # a receive first, else a send
             text, target = self._why_op(op)
             return f"{name} at {self._op(op)} ({text})", target
         # at OPT or the end: the earliest outstanding send or collective, by position in the list

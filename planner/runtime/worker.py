@@ -85,7 +85,9 @@ def run(args: argparse.Namespace) -> None:
             file=config.file,
             field=f"devices[{address}].actions",
         )
-    executor = RankExecutor(config, compiled, address, rank_of, device, emulate=args.emulate)
+    executor = RankExecutor(
+        config, compiled, address, rank_of, device, emulate=args.emulate, blocking_allreduce=args.blocking_allreduce
+    )
     start_step = 0
     if args.resume:
         start_step = load_blocks(args.resume, executor.blocks, executor.precision, names=executor.names)
@@ -160,6 +162,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume", default=None)
     parser.add_argument("--backend", default=None, choices=("gloo", "nccl"))
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--blocking-allreduce",
+        action="store_true",
+        help="issue each all-reduce at its AR action and wait there (for benchmarks: the old behaviour)",
+    )
     args = parser.parse_args(argv)
     if not args.node and not args.device:
         parser.error("give --node NAME (under torchrun) or --device NODE/INDEX")

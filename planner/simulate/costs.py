@@ -75,7 +75,11 @@ class CostModel:
         return self.profile.blocks[stage_end - 1].output_bytes * samples
 
     def gradient_bytes(self, blocks: tuple[int, ...]) -> float:
-        """Bytes of gradients of ``blocks`` (the parameters' storage size)."""
+        """Bytes of gradients of ``blocks`` as the runtime all-reduces them: the parameters' storage
+        size in fp32, and for fp16/bf16 plans the fp32 accumulation buffers (4 bytes a parameter:
+        gradients of many micro-batches summed and reduced in half precision would lose their bits)."""
+        if self.profile.dtype in ("fp16", "bf16"):
+            return 4.0 * sum(self.profile.blocks[b].params for b in blocks)
         return sum(self.profile.blocks[b].param_bytes for b in blocks)
 
     def network_link(self, node_a: str, node_b: str) -> Link:

@@ -13,15 +13,17 @@ What the runtime (:mod:`planner.runtime.executor`) holds, and so what is counted
   master copy of the weights the optimizer updates.
 * **per micro-batch in flight** (from its forward to its backward): the activations its blocks save
   for backward (the profile's ``activation_bytes``, which counts a stage's input once, in its first
-  block), the stage's output, held until the backward runs through it (the activation sent to the
-  next stage, or on the last stage the logits), and on the last stage of an fp16/bf16 plan the fp32
-  copy of the logits the loss is computed on.
+  block; fp16/bf16 profiles are measured under autocast, as the runtime trains, so what autocast
+  keeps in fp32, the loss's log-softmax among it, is counted at fp32), the stage's output, held
+  until the backward runs through it (the activation sent to the next stage, or on the last stage
+  the logits).
 * **during a backward**: the gradient received for the stage's output and the gradient of the
-  stage's input being produced for the previous stage (boundary buffers in flight), a workspace the
-  size of the largest block's saved activations (the backward through a block materialises
-  gradients about as large as what it saved), and for fp16/bf16 the half-precision ``.grad`` before
-  it is added to the fp32 buffer. fp32 gradients are freed by each step (set to None) and come back
-  with the next step's first backward, so a GPipe stage's peak at the end of its forwards has none.
+  stage's input being produced for the previous stage (boundary buffers in flight), and a workspace
+  the size of the largest block's saved activations (the backward through a block materialises
+  gradients about as large as what it saved). For fp16/bf16 a hook moves each half-precision
+  ``.grad`` into its fp32 buffer the moment it is made, so at most one parameter's exists. fp32
+  gradients are freed by each step (set to None) and come back with the next step's first
+  backward, so a GPipe stage's peak at the end of its forwards has none.
 * **after the last backward**: the flat all-reduce buckets of the gradient groups the device shares
   with others (fp32 for mixed precision, the gradient dtype otherwise), held until the step.
 
@@ -127,11 +129,8 @@ def device_memory(
     saved = sum(b.activation_bytes for b in blocks)
     out_bytes = profile.blocks[program.end - 1].output_bytes
     held_per_sample = saved + out_bytes
-    if last_stage and mixed:
-        held_per_sample += out_bytes / profile.dtype_bytes * FP32_BYTES  # the loss's fp32 logits
     grad_in = 0.0 if last_stage else out_bytes  # the gradient received for the output
     grad_out = 0.0 if first_stage else profile.blocks[program.start - 1].output_bytes  # sent back
-    half_grads = weight_bytes if mixed else 0.0
     # fp32 gradients are freed by the step (set to None) and come back with the step's first
     # backward; fp16/bf16 keep their fp32 buffers for the whole run (zeroed, not freed)
     late_grads = 0.0 if mixed else gradients
@@ -157,7 +156,7 @@ def device_memory(
             if in_flight > peak_count:
                 peak_count = in_flight
         elif kind is backward:
-            during = held + (grad_in + grad_out + workspace) * samples + half_grads
+            during = held + (grad_in + grad_out + workspace) * samples
             if during > peak:
                 peak = during
             held += late_grads - held_per_sample * samples  # gradients arrive with the first backward

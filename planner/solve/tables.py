@@ -17,7 +17,7 @@ import numpy as np
 from planner.contracts.catalog import DeviceType
 from planner.contracts.cluster import Cluster
 from planner.contracts.model_profile import ModelProfile
-from planner.simulate.memory import FP32_BYTES, MIXED_PRECISION, static_bytes_per_param
+from planner.simulate.memory import static_bytes_per_param
 
 __all__ = ["CostTables"]
 
@@ -36,11 +36,8 @@ class CostTables:
         self.activation = np.concatenate([[0.0], np.cumsum([b.activation_bytes for b in blocks])])
         self.output_bytes = np.array([b.output_bytes for b in blocks])
         # held_output[j]: bytes per sample a stage ending at block j keeps besides its saved
-        # activations until the backward: its output (and, on the last stage of an fp16/bf16 plan,
-        # the loss's fp32 logits), as the memory walk counts them
+        # activations until the backward: its output, as the memory walk counts it
         self.held_output = np.concatenate([[0.0], self.output_bytes])
-        if profile.dtype in MIXED_PRECISION and blocks:
-            self.held_output[-1] += blocks[-1].output_bytes / profile.dtype_bytes * FP32_BYTES
         # bytes per parameter beyond the weights (gradients, master copy, optimizer state), as the
         # memory walk counts them (planner/simulate/memory.py)
         weight = float(profile.dtype_bytes)

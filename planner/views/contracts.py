@@ -193,14 +193,47 @@ def runlog_summary(records: list[StepRecord]) -> dict[str, Any]:
     }
 
 
+def measurements_table(m: Any) -> Table:
+    table = Table(title=f"Measured runs ({len(m.runs)})", title_justify="left")
+    for col in ("run", "plan", "iteration", "run log", "peak memory given for"):
+        table.add_column(col)
+    for r in m.runs:
+        table.add_row(
+            r.name,
+            str(r.plan),
+            format_time(r.iteration_s) if r.iteration_s is not None else "from the run log",
+            str(r.run_log) if r.run_log else "-",
+            ", ".join(sorted(r.peak_memory)) or "-",
+        )
+    return table
+
+
+def measurements_summary(m: Any) -> dict[str, Any]:
+    return {
+        "kind": "measurements",
+        "runs": [
+            {
+                "name": r.name,
+                "plan": str(r.plan),
+                "iteration_s": r.iteration_s,
+                "run_log": str(r.run_log) if r.run_log else None,
+                "peak_memory_bytes": dict(sorted(r.peak_memory.items())),
+            }
+            for r in m.runs
+        ],
+    }
+
+
 _TABLES = {
     "catalog": catalog_table,
+    "measurements": measurements_table,
     "cluster": cluster_table,
     "profile": profile_table,
     "runlog": runlog_table,
 }
 _SUMMARIES = {
     "catalog": catalog_summary,
+    "measurements": measurements_summary,
     "cluster": cluster_summary,
     "profile": profile_summary,
     "plan": plan_summary,

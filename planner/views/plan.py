@@ -19,12 +19,23 @@ from planner.errors import HetplanError
 from planner.profile.trust import Band, time_band
 from planner.units import format_bytes, format_time
 
-__all__ = ["compare_rows", "compare_table", "plan_band", "plan_summary_renderables"]
+__all__ = ["compare_rows", "compare_table", "plan_band", "plan_json_band", "plan_summary_renderables"]
 
 
 def plan_band(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Band:
     """The band of the plan's predicted times: from the profile's times on the types it uses."""
     return time_band(profile, [cluster.device(a).type for a in plan.all_devices()])
+
+
+def plan_json_band(plan: Plan) -> dict[str, Any] | None:
+    """The band for ``show --json`` of a plan file: from the inputs it names (None if unreadable)."""
+    from planner.contracts.plan import load_plan_inputs
+
+    try:
+        profile, cluster = load_plan_inputs(plan)
+        return plan_band(plan, profile, cluster).to_dict()
+    except (HetplanError, OSError):
+        return None
 
 
 def _profile_of(plan: Plan) -> ModelProfile | None:

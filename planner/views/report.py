@@ -11,7 +11,7 @@ from rich.text import Text
 from planner.contracts.plan import Plan
 from planner.contracts.runlog import StepRecord
 from planner.errors import HetplanError
-from planner.units import format_time
+from planner.units import format_bytes, format_time
 
 __all__ = ["report_renderables", "report_rows"]
 
@@ -71,6 +71,7 @@ def report_rows(
     want_iter = predicted.get("iteration_s")
     losses = [r.loss for r in records if r.loss is not None and r.rank == 0]
     return {
+        "memory": _memory_rows(records, predicted.get("memory", {})),
         "steps": len(steps),
         "skipped_warmup_steps": min(skip_steps, len(steps) - 1),
         "measured_iteration_s": measured_iter,
@@ -89,6 +90,32 @@ def report_rows(
         ),
         "stages": stages,
     }
+
+
+def _memory_rows(records: list[StepRecord], predicted: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per rank: the measured peak of live tensor bytes beside the memory walk's prediction of it.
+
+    Both count tensors only (the allocator's view): the plan's ``tensor_bytes``, not its ``peak_bytes``
+    (which adds fragmentation and the device type's reserve to decide whether the plan fits).
+    """
+    rows = []
+    for rank in sorted({r.rank for r in records}):
+        rs = [r for r in records if r.rank == rank]
+        measured = [r.peak_memory_bytes for r in rs if r.peak_memory_bytes is not None]
+        entry = predicted.get(rs[0].device, {})
+        want = entry.get("tensor_bytes")
+        peak = max(measured) if measured else None
+        rows.append(
+            {
+                "rank": rank,
+                "device": rs[0].device,
+                "peak_memory_bytes": peak,
+                "predicted_peak_memory_bytes": want,
+                "error": (peak / want - 1) if peak is not None and want else None,
+                "measured_by": next((r.memory_measured for r in rs if r.memory_measured), None),
+            }
+        )
+    return rows
 
 
 def report_renderables(rows: dict[str, Any]) -> list[Any]:
@@ -119,6 +146,19 @@ def report_renderables(rows: dict[str, Any]) -> list[Any]:
         err(rows["iteration_error"]),
     )
     out.append(table)
+    if any(m["peak_memory_bytes"] is not None for m in rows.get("memory", [])):
+        memory = Table(title="Peak tensor memory per rank (measured at the allocator)", title_justify="left")
+        for col in ("rank", "device", "measured", "predicted", "error"):
+            memory.add_column(col, justify="left" if col == "device" else "right")
+        for m in rows["memory"]:
+            memory.add_row(
+                str(m["rank"]),
+                m["device"],
+                format_bytes(m["peak_memory_bytes"]) if m["peak_memory_bytes"] is not None else "-",
+                format_bytes(m["predicted_peak_memory_bytes"]) if m["predicted_peak_memory_bytes"] else "-",
+                err(m["error"]),
+            )
+        out.append(memory)
     if rows["first_loss"] is not None:
         out.append(Text(f"loss {rows['first_loss']:.4f} -> {rows['last_loss']:.4f} over {rows['steps']} steps"))
     return out

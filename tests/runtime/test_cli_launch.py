@@ -46,6 +46,11 @@ def test_profile_plan_launch_report(tmp_path, capsys) -> None:
     report = json.loads(out[out.index("{") :])
     assert report["steps"] == 3 and report["emulated"]
     assert report["measured_iteration_s"] > 0 and report["predicted_iteration_s"] > 0
+    # peak tensor memory per rank, measured (the CPU allocator profile of one step) beside predicted
+    assert len(report["memory"]) == 2
+    for rank in report["memory"]:
+        assert rank["peak_memory_bytes"] > 0 and rank["predicted_peak_memory_bytes"] > 0
+        assert rank["measured_by"] == "cpu allocator profile"
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert {r["step"] for r in records} == {0, 1, 2}
     assert all(r["loss"] == records[0]["loss"] for r in records if r["step"] == 0)

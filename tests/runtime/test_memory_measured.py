@@ -29,6 +29,13 @@ def profile():
     return measure_profile(MODEL, micro_batches=(1, 2, 4), warmup=1, repeat=1)
 
 
+@pytest.fixture(scope="module")
+def bf16_profile():
+    from planner.profile.measure import measure_profile
+
+    return measure_profile(MODEL, micro_batches=(1, 2, 4), warmup=1, repeat=1, dtype="bf16")
+
+
 def _stage(start: int, end: int, *devices: str, shares: tuple[float, ...] | None = None) -> Stage:
     return Stage(start, end, devices, shares or tuple(1.0 / len(devices) for _ in devices))
 
@@ -60,7 +67,16 @@ PLANS = {
 
 @pytest.mark.parametrize("name", list(PLANS))
 def test_the_memory_walk_matches_the_measured_peak_of_every_rank(tmp_path, profile, name) -> None:
-    plan = PLANS[name]
+    _check(tmp_path, profile, PLANS[name], name)
+
+
+def test_the_memory_walk_matches_a_bf16_run_with_fp32_master_weights(tmp_path, bf16_profile) -> None:
+    plan = Plan(8, [Pipeline(8, (2, 2, 2, 2), (_stage(0, 3, "n0/0"), _stage(3, 6, "n0/1")))], optimizer="adam")
+    plan.dtype = "bf16"
+    _check(tmp_path, bf16_profile, plan, "bf16 1f1b")
+
+
+def _check(tmp_path, profile, plan: Plan, name: str) -> None:
     cluster = make_cluster([("n0", [("cpu", 4)])])
     config = build_rank_config(plan, profile, cluster, seed=0, backend="gloo")
     write_yaml(config, tmp_path / "rank-config.yaml")

@@ -109,6 +109,18 @@ def test_pipelines_cut_differently_with_unequal_shares(tmp_path) -> None:
     _check_against_reference(tmp_path, plan)
 
 
+def test_the_blocking_all_reduce_kept_for_benchmarks_gives_the_same_training(tmp_path) -> None:
+    plan = _plan(
+        [
+            Pipeline(5, (1, 2, 2), (_stage(0, 2, "n0/0"), _stage(2, 6, "n0/1"))),
+            Pipeline(3, (3,), (_stage(0, 4, "n0/2"), _stage(4, 6, "n0/3"))),
+        ]
+    )
+    result, config = _run(tmp_path, plan, blocking_allreduce=True)
+    losses, _ = train_reference(GPT, global_batch=8, optimizer="sgd", lr=config["training"]["lr"], seed=7, steps=STEPS)
+    assert [r["loss"] for r in result.records if r["rank"] == 0] == pytest.approx(losses, abs=1e-5)
+
+
 def test_checkpoint_resumes_under_a_different_plan(tmp_path) -> None:
     first = _plan([Pipeline(8, (4, 4), (_stage(0, 3, "n0/0"), _stage(3, 6, "n0/1")))], optimizer="adam")
     second = _plan(

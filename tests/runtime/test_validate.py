@@ -304,8 +304,8 @@ def test_random_compiled_plans_pass(plan: Plan) -> None:
 def naive_finishes(programs: dict[str, list[Action]], semantics: str) -> bool:
     """The same rules as a plain fixpoint over every device and operation (quadratic, obviously right).
 
-    Hosts: compute runs; a batch (consecutive transfers) is posted whole and the host waits for its
-    receives; AR is issued; OPT waits for the device's posted sends and issued all-reduces. NCCL: a
+    Hosts: compute runs; a batch (consecutive transfers) is posted whole and, if it receives anything,
+    the host waits for all of it; AR is issued; OPT waits for the device's posted sends and issued all-reduces. NCCL: a
     send and its receive (k-th of the pair, in order) complete together once both are posted and
     every operation with the same peer from an earlier batch on each side is complete; an all-reduce
     completes once every member has issued it and, on each, every earlier all-reduce is complete.
@@ -385,10 +385,9 @@ def naive_finishes(programs: dict[str, list[Action]], semantics: str) -> bool:
                     while end < len(xs) and xs[end].kind in TRANSFERS:
                         posted.add((d, end))
                         end += 1
-                    if not all(
-                        (d, j) in done for j in range(pc[d], end) if xs[j].kind in (Kind.RECV_ACT, Kind.RECV_GRAD)
-                    ):
-                        break
+                    receives = any(xs[j].kind in (Kind.RECV_ACT, Kind.RECV_GRAD) for j in range(pc[d], end))
+                    if receives and not all((d, j) in done for j in range(pc[d], end)):
+                        break  # a batch that receives is waited on whole
                     pc[d] = end
                 changed = True
         for o in sorted(posted - done):

@@ -312,3 +312,16 @@ def test_results_are_deterministic(times, m, schedule) -> None:
     second = simulate(plan, profile, cluster, timeline=True)
     assert first.to_json() == second.to_json()
     assert first.timeline == second.timeline
+
+
+def test_a_transfer_waits_for_its_receiver_to_post_the_receive() -> None:
+    # NCCL's rendezvous, as the runtime posts it: stage 1 posts micro-batch 1's receive only after
+    # its forward of micro-batch 0 (5 s), so that transfer (1 s) cannot overlap that forward
+    profile = make_profile(6, times={A100: (1.0, 1.0)}, output_bytes=1e9)
+    cluster = make_cluster([("n0", [(A100, 1)]), ("n1", [(A100, 1)])], inter="1GB/s", inter_latency="0s")
+    plan = linear_plan(["n0/0", "n1/0"], 6, [1, 1], schedule="gpipe", cuts=[0, 1, 6])
+    result = simulate(plan, profile, cluster, timeline=True)
+    forwards = sorted(lo for row, kind, lo, hi, label in result.timeline if row == "n1/0" and kind == "F")
+    sends = sorted(lo for row, kind, lo, hi, label in result.timeline if row == "n0/0" and kind == "send")
+    assert forwards == pytest.approx([2.0, 8.0])  # not 7.0: the transfer starts at 7, when F0 ends
+    assert sends == pytest.approx([1.0, 7.0])
