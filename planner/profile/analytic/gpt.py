@@ -12,13 +12,17 @@ weight, which a pipeline partition cannot express without an extra all-reduce. T
 table has ``seq`` rows (the model is built for the context it trains at).
 
 The head returns the logits (s·V·d bytes per sample); the cross-entropy's saved log-softmax
-(another s·V·d) is counted in the head's activation bytes, since the loss runs on the same device.
+(s·V·4: the loss runs in fp32 whatever the dtype, under autocast for fp16/bf16) is counted in the
+head's activation bytes, since the loss runs on the same device.
 """
 
 from __future__ import annotations
 
 from planner.profile.analytic.base import BlockCost, config_error, dtype_bytes, gemm_work, memory_work
 from planner.profile.analytic.transformer import attention_block, mlp_block
+
+#: The loss runs in fp32 (autocast keeps cross-entropy in fp32 for fp16 and bf16 training).
+FP32 = 4
 
 __all__ = ["DEFAULTS", "HELP", "blocks", "check", "embedding_block", "input_bytes", "lm_head_block"]
 
@@ -67,7 +71,7 @@ def lm_head_block(*, seq: int, hidden: int, vocab: int, d: int) -> BlockCost:
     parts = (
         memory_work(d * 2 * s * h, 1, weight_traffic=d * 2 * h),  # LayerNorm read + write
         gemm_work(s, h, v, d),  # LM head: reads s·h, writes the s·V logits
-        memory_work(d * 2 * s * v, 1),  # the loss's log-softmax: reads the logits, writes its output
+        memory_work((d + FP32) * s * v, 1),  # the loss's log-softmax: reads the logits, writes fp32
     )
     return BlockCost(
         name="head",
@@ -75,12 +79,14 @@ def lm_head_block(*, seq: int, hidden: int, vocab: int, d: int) -> BlockCost:
         params=params,
         param_bytes=float(params * d),
         flops_fwd=2.0 * s * h * v,
-        # LN input, LM-head input, the loss's log-softmax over the logits
-        activation_bytes=float(2 * s * h * d + s * v * d),
+        # LN input, LM-head input, and the loss's log-softmax over the logits, which runs in fp32
+        # whatever the dtype (torch.autocast keeps the loss in fp32, and the runtime trains fp16/bf16
+        # under autocast): s·V·4 bytes, the largest activation of a long-vocabulary model
+        activation_bytes=float(2 * s * h * d + s * v * FP32),
         output_bytes=float(s * v * d),
         weight_traffic=float(params * d),
         # LN read+write, GEMM read, logits written, log-softmax read + write
-        activation_traffic=float(d * (2 * s * h + s * h + s * v + 2 * s * v)),
+        activation_traffic=float(d * (2 * s * h + s * h + s * v + s * v) + FP32 * s * v),
         work_items=float(s),
         kernels=3,
         parts=parts,
