@@ -4,9 +4,9 @@
     zoo.model        # {'family': 'gpt', 'config': {'layers': 2, 'hidden': 64, 'heads': 12, ...}}
     zoo = resolve_model({"factory": "pkg.mod:build", "config": {"width": 64}, "input_shape": [3, 32, 32]})
 
-Zoo families take their config keys, defaults and checks from the analytic family of the same name
-(:data:`planner.profile.analytic.FAMILIES`), so a measured and an analytic profile of one config
-describe the same model, block for block.
+Zoo families take their config keys, defaults and checks from :mod:`planner.families` (torch-free,
+shared with the analytic profiler), so a measured and an analytic profile of one config describe the
+same model, block for block, and building a model never loads the cost model.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from planner.errors import HetplanError
+from planner.families import get_spec
 from planner.models.base import ZooModel
 from planner.models.factory import FactoryModel
 from planner.models.gpt import GptModel
 from planner.models.mlp import MlpModel
 from planner.models.resnet import ResnetModel
 from planner.models.vgg import VggModel
-from planner.profile.analytic.registry import get_family
 
 __all__ = ["ZOO", "resolve_model"]
 
@@ -76,7 +76,7 @@ def resolve_model(model: Mapping[str, Any]) -> ZooModel:
         )
     _refuse_unknown(model, _FAMILY_KEYS)
     name = model["family"]
-    family = get_family(name)
+    family = get_spec(name)
     if name not in ZOO:
         raise HetplanError(
             f"the model zoo has no torch implementation of {name!r} yet (it has: {', '.join(ZOO)}); "

@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from planner.families.resnet import EXPANSION, LAYOUTS, WIDTHS
 from planner.models.base import ClassificationTask, TaskModel, uninitialised
-from planner.profile.analytic.resnet import EXPANSION, LAYOUTS, WIDTHS
 
 __all__ = ["Basic", "Bottleneck", "ResnetHead", "ResnetModel", "Stem"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from planner.families.vgg import CHANNELS, FC_WIDTH, LAYOUTS, POOL_SIDE
 from planner.models.base import ClassificationTask, TaskModel, uninitialised
-from planner.profile.analytic.vgg import CHANNELS, FC_WIDTH, LAYOUTS, POOL_SIDE
 
 __all__ = ["ConvBlock", "FcBlock", "VggModel"]
 

@@ -8,6 +8,7 @@ The solver never imports torch; it scores candidates with :mod:`planner.simulate
 """
 
 from planner.solve.planfile import finalize_plan
-from planner.solve.search import PlanOptions, PlanResult, plan_training
+from planner.solve.search import PlanOptions, PlanResult
+from planner.solve.training import plan_training
 
 __all__ = ["PlanOptions", "PlanResult", "finalize_plan", "plan_training"]

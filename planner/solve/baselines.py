@@ -27,6 +27,7 @@ from planner.contracts.model_profile import Block, ModelProfile, Timing
 from planner.contracts.plan import Pipeline, Plan, Stage
 from planner.errors import HetplanError
 from planner.solve.batching import micro_batch_list
+from planner.solve.search import Candidate, PlanOptions, search_only, simulate_or_none
 
 __all__ = ["BASELINES", "balanced_cuts", "baseline_plans", "equal_shares"]
 
@@ -164,10 +165,10 @@ def _data_parallel(
     )
 
 
-def baseline_plans(profile: ModelProfile, cluster: Cluster, opts, reference: Plan | None) -> dict:
+def baseline_plans(
+    profile: ModelProfile, cluster: Cluster, opts: PlanOptions, reference: Plan | None
+) -> dict[str, Candidate | None]:
     """Every baseline as a scored :class:`~planner.solve.search.Candidate` (None where it does not fit)."""
-    from planner.solve.search import Candidate, PlanOptions, plan_training, simulate_or_none
-
     out: dict[str, Candidate | None] = {}
 
     def score(name: str, plan: Plan | None) -> None:
@@ -205,7 +206,7 @@ def baseline_plans(profile: ModelProfile, cluster: Cluster, opts, reference: Pla
     for mode in ("slowest", "average"):
         h_profile, h_cluster = _homogeneous_inputs(profile, cluster, mode)
         try:
-            h_plan = plan_training(h_profile, h_cluster, inner).plan
+            h_plan = search_only(h_profile, h_cluster, inner).plan
         except HetplanError:  # nothing fits when every device is taken as that type: a result
             h_plan = None
         score(f"homogeneous_{mode}", h_plan)

@@ -1,8 +1,10 @@
-"""The planner: from a profile, a cluster and a global batch to the plan that trains fastest.
+"""The planner's search: from a profile, a cluster and a global batch to the plans that train fastest.
 
-    result = plan_training(profile, cluster, PlanOptions(global_batch=512))
-    result.plan            # pipelines, stages, batch shares, micro-batches, predictions
-    result.sim             # the simulated iteration of the chosen plan
+    searched = search_plans(profile, cluster, PlanOptions(global_batch=512))
+    result = best_plan(searched, baselines, profile, cluster, opts)   # or search_only(...)
+
+:func:`planner.solve.training.plan_training` runs the whole planner: this search, then the
+baselines (:mod:`planner.solve.baselines`, which may run this search themselves), then the choice.
 
 Search, in order:
 
@@ -39,7 +41,17 @@ from planner.solve.partition import Partition, Slot, partition
 from planner.solve.structures import EXHAUSTIVE_DEVICES, EXHAUSTIVE_STRUCTURES, Structure, candidate_structures
 from planner.solve.tables import CostTables
 
-__all__ = ["Candidate", "PlanOptions", "PlanResult", "evaluate_structure", "plan_training", "simulate_or_none"]
+__all__ = [
+    "Candidate",
+    "PlanOptions",
+    "PlanResult",
+    "Searched",
+    "best_plan",
+    "evaluate_structure",
+    "search_only",
+    "search_plans",
+    "simulate_or_none",
+]
 
 _NO_LIMIT = 10**9
 _LOCAL_SEARCH_DEVICES = 8  # up to this many devices, refine with simulator-driven hill-climbing
@@ -304,16 +316,23 @@ def _infeasible(profile: ModelProfile, cluster: Cluster, opts: PlanOptions, tabl
     )
 
 
-def plan_training(
+@dataclass
+class Searched:
+    """What the search found before baselines join: the scored candidates and the search state."""
+
+    search: _Search
+    structures: int
+    scored: list[Candidate]
+
+
+def search_plans(
     profile: ModelProfile,
     cluster: Cluster,
     opts: PlanOptions,
     *,
     progress: Callable[[int, int], None] | None = None,
-) -> PlanResult:
-    """Search for the fastest plan; see the module docstring for the steps."""
-    from planner.solve.baselines import baseline_plans
-
+) -> Searched:
+    """Steps 1-3 of the module docstring: every structure's best candidate, the best few simulated."""
     search = _Search(profile, cluster, opts)
     check_dtype_supported(cluster, profile.dtype, file=cluster.file, field="nodes[].devices[].type")
     for device_type in cluster.device_types.values():
@@ -350,13 +369,20 @@ def plan_training(
             scored.append(c)
         if len(scored) >= top_k:
             break
-    baselines: dict[str, Candidate | None] = {}
-    if opts.baselines:
-        reference = min(scored, key=lambda c: c.sim.iteration_s).plan if scored else None
-        baselines = baseline_plans(profile, cluster, opts, reference)
-    pool = scored + [b for b in baselines.values() if b is not None and b.sim is not None]
+    return Searched(search=search, structures=len(structures), scored=scored)
+
+
+def best_plan(
+    searched: Searched,
+    baselines: dict[str, Candidate | None],
+    profile: ModelProfile,
+    cluster: Cluster,
+    opts: PlanOptions,
+) -> PlanResult:
+    """Step 4: the fastest of the searched candidates and the baselines, refined, with its bound."""
+    pool = searched.scored + [b for b in baselines.values() if b is not None and b.sim is not None]
     if not pool:
-        raise _infeasible(profile, cluster, opts, search.tables)
+        raise _infeasible(profile, cluster, opts, searched.search.tables)
     best = min(pool, key=lambda c: c.sim.iteration_s)
     if opts.refine:
         # small clusters: hill-climb from the few best simulated candidates, not only the winner; the
@@ -366,16 +392,22 @@ def plan_training(
         budget = [_REFINE_TASKS]  # simulated tasks, shared: deterministic, unlike a time limit
         refined = [_refine(c, profile, cluster, local_search=small, budget=budget) for c in ranked]
         best = min(refined, key=lambda c: c.sim.iteration_s)
+    search = searched.search
     lower = compute_lower_bound(search.tables, cluster, opts.global_batch, list(search.sizes))
     return PlanResult(
         plan=best.plan,
         sim=best.sim,
         lower_bound_s=lower,
         label=best.label,
-        candidates=scored,
+        candidates=searched.scored,
         baselines=baselines,
-        structures=len(structures),
+        structures=searched.structures,
     )
+
+
+def search_only(profile: ModelProfile, cluster: Cluster, opts: PlanOptions) -> PlanResult:
+    """The planner without baselines (what a baseline that runs a planner of its own calls)."""
+    return best_plan(search_plans(profile, cluster, opts), {}, profile, cluster, opts)
 
 
 def plan_details(result: PlanResult, cluster: Cluster) -> dict[str, Any]:

@@ -17,7 +17,6 @@ add up exactly to the block's totals (checked on construction).
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from typing import Any
 
 from planner.contracts.catalog import DTYPE_BYTES
 from planner.errors import HetplanError
+from planner.families.base import config_error, full_config
 from planner.profile.efficiency import TILE
 
 __all__ = ["WORK_KINDS", "BlockCost", "Family", "Work", "config_error", "dtype_bytes", "gemm_work", "memory_work"]
@@ -176,11 +176,6 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[dtype]
 
 
-def config_error(key: str, reason: str) -> HetplanError:
-    """A HetplanError located at ``config.<key>``."""
-    return HetplanError(reason, field=f"config.{key}")
-
-
 BlocksFn = Callable[[dict[str, int], str], list[BlockCost]]
 CheckFn = Callable[[dict[str, int]], None]
 InputBytesFn = Callable[[dict[str, int], str], float]
@@ -203,24 +198,9 @@ class Family:
     input_bytes: InputBytesFn
 
     def full_config(self, config: Mapping[str, Any] | None = None) -> dict[str, int]:
-        """Defaults overlaid with ``config``; unknown keys and non-positive integers are refused."""
-        if config is not None and not isinstance(config, Mapping):
-            raise HetplanError(f"expected a mapping of settings, got {type(config).__name__}", field="config")
-        given = dict(config or {})
-        out = dict(self.defaults)
-        for key, value in given.items():
-            if key not in self.defaults:
-                close = difflib.get_close_matches(str(key), list(self.defaults), n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else ""
-                known = ", ".join(self.defaults)
-                raise config_error(str(key), f"unknown setting for {self.name}{hint} (known: {known})")
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise config_error(key, f"expected a positive integer, got {value!r}")
-            if value <= 0:
-                raise config_error(key, f"expected a positive integer, got {value}")
-            out[key] = value
-        self.check(out)
-        return out
+        """Defaults overlaid with ``config``; unknown keys and non-positive integers are refused
+        (the rule every family shares: :func:`planner.families.full_config`)."""
+        return full_config(self.name, self.defaults, self.check, config)
 
     def blocks(self, config: Mapping[str, Any] | None = None, dtype: str = "fp32") -> list[BlockCost]:
         """Per-block costs for ``config`` (defaults filled in) at ``dtype``."""

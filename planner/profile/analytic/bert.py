@@ -16,25 +16,15 @@ BERT-base), which must hold ``seq``.
 
 from __future__ import annotations
 
-from planner.profile.analytic.base import BlockCost, config_error, dtype_bytes, gemm_work, memory_work
+from planner.families.bert import DEFAULTS, HELP, check
+from planner.profile.analytic.base import BlockCost, dtype_bytes, gemm_work, memory_work
 from planner.profile.analytic.transformer import attention_block, mlp_block
 
 __all__ = ["DEFAULTS", "HELP", "blocks", "check", "input_bytes"]
 
-DEFAULTS: dict[str, int] = {"layers": 12, "hidden": 768, "heads": 12, "seq": 128, "vocab": 30522, "positions": 512}
-HELP = "BERT encoder (post-LN, FFN 4x hidden) with pooler, NSP and untied MLM heads; blocks as gpt"
-
 #: Token ids are int64; token types come with them (counted as the ids' second half).
 TOKEN_ID_BYTES = 8
 TOKEN_TYPES = 2
-
-
-def check(config: dict[str, int]) -> None:
-    """Heads must split hidden; the position table must cover the sequence."""
-    if config["hidden"] % config["heads"]:
-        raise config_error("heads", f"expected a divisor of hidden ({config['hidden']}), got {config['heads']}")
-    if config["seq"] > config["positions"]:
-        raise config_error("seq", f"expected at most positions ({config['positions']}), got {config['seq']}")
 
 
 def _embedding(s: int, h: int, v: int, positions: int, d: int) -> BlockCost:

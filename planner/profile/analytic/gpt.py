@@ -18,7 +18,8 @@ head's activation bytes, since the loss runs on the same device.
 
 from __future__ import annotations
 
-from planner.profile.analytic.base import BlockCost, config_error, dtype_bytes, gemm_work, memory_work
+from planner.families.gpt import DEFAULTS, HELP, check
+from planner.profile.analytic.base import BlockCost, dtype_bytes, gemm_work, memory_work
 from planner.profile.analytic.transformer import attention_block, mlp_block
 
 #: The loss runs in fp32 (autocast keeps cross-entropy in fp32 for fp16 and bf16 training).
@@ -26,17 +27,8 @@ FP32 = 4
 
 __all__ = ["DEFAULTS", "HELP", "blocks", "check", "embedding_block", "input_bytes", "lm_head_block"]
 
-DEFAULTS: dict[str, int] = {"layers": 12, "hidden": 768, "heads": 12, "seq": 256, "vocab": 50257}
-HELP = "GPT-2 style decoder (pre-LN, FFN 4x hidden, untied LM head); blocks: embedding, layerN.attn/mlp, head"
-
 #: Token ids are int64.
 TOKEN_ID_BYTES = 8
-
-
-def check(config: dict[str, int]) -> None:
-    """Attention heads must split the hidden size evenly."""
-    if config["hidden"] % config["heads"]:
-        raise config_error("heads", f"expected a divisor of hidden ({config['hidden']}), got {config['heads']}")
 
 
 def embedding_block(*, seq: int, hidden: int, vocab: int, positions: int, d: int) -> BlockCost:

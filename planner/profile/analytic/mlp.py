@@ -12,17 +12,11 @@ micro-batches are bound by reading the weights (the GEMM part's memory roof) and
 
 from __future__ import annotations
 
+from planner.families.mlp import DEFAULTS, HELP, check
 from planner.profile.analytic.base import BlockCost, dtype_bytes
 from planner.profile.analytic.tally import Tally
 
 __all__ = ["DEFAULTS", "HELP", "blocks", "check", "input_bytes"]
-
-DEFAULTS: dict[str, int] = {"layers": 4, "width": 1024, "input": 784, "classes": 10}
-HELP = "MLP: layers linear layers (input -> width ... -> classes), ReLU between; one block per linear"
-
-
-def check(config: dict[str, int]) -> None:
-    """Positive integers are all it needs (checked in common)."""
 
 
 def blocks(config: dict[str, int], dtype: str) -> list[BlockCost]:

@@ -1,0 +1,58 @@
+"""What every model family's settings share: defaults overlaid with the user's, checked.
+
+spec = get_spec("gpt")
+spec.full_config({"layers": 2})          # defaults filled in, unknown keys and bad values refused
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import HetplanError
+
+__all__ = ["FamilySpec", "config_error", "full_config"]
+
+CheckFn = Callable[[dict[str, int]], None]
+
+
+def config_error(key: str, reason: str) -> HetplanError:
+    """A HetplanError located at ``config.<key>``."""
+    return HetplanError(reason, field=f"config.{key}")
+
+
+def full_config(
+    name: str, defaults: Mapping[str, int], check: CheckFn, config: Mapping[str, Any] | None
+) -> dict[str, int]:
+    """``defaults`` overlaid with ``config``; unknown keys and non-positive integers are refused,
+    then the family's own rules (``check``) run."""
+    if config is not None and not isinstance(config, Mapping):
+        raise HetplanError(f"expected a mapping of settings, got {type(config).__name__}", field="config")
+    out = dict(defaults)
+    for key, value in dict(config or {}).items():
+        if key not in defaults:
+            close = difflib.get_close_matches(str(key), list(defaults), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise config_error(str(key), f"unknown setting for {name}{hint} (known: {', '.join(defaults)})")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise config_error(key, f"expected a positive integer, got {value!r}")
+        if value <= 0:
+            raise config_error(key, f"expected a positive integer, got {value}")
+        out[key] = value
+    check(out)
+    return out
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """A model family's settings: defaults (the CLI's options), a help line, its rules."""
+
+    name: str
+    defaults: dict[str, int]
+    help: str
+    check: CheckFn
+
+    def full_config(self, config: Mapping[str, Any] | None = None) -> dict[str, int]:
+        return full_config(self.name, self.defaults, self.check, config)

@@ -1,0 +1,20 @@
+"""A GPT-2 style decoder: its settings and their rules.
+
+Torch-free, so the torch zoo (:mod:`planner.models`) and the analytic profiler
+(:mod:`planner.profile.analytic`) share one definition without depending on each other.
+"""
+
+from __future__ import annotations
+
+from planner.families.base import config_error
+
+__all__ = ["DEFAULTS", "HELP", "check"]
+
+DEFAULTS: dict[str, int] = {"layers": 12, "hidden": 768, "heads": 12, "seq": 256, "vocab": 50257}
+HELP = "GPT-2 style decoder (pre-LN, FFN 4x hidden, untied LM head); blocks: embedding, layerN.attn/mlp, head"
+
+
+def check(config: dict[str, int]) -> None:
+    """Attention heads must split the hidden size evenly."""
+    if config["hidden"] % config["heads"]:
+        raise config_error("heads", f"expected a divisor of hidden ({config['hidden']}), got {config['heads']}")
