@@ -56,13 +56,15 @@ def _csv(value: str | None, *, param: str) -> list[str]:
     return items
 
 
-def _csv_ints(value: str, *, param: str) -> tuple[int, ...]:
+def _csv_ints(value: str, *, param: str, ordered: bool = False) -> tuple[int, ...]:
+    """Positive integers, comma-separated: sorted and unique (sizes), or as given (``ordered``: a shape)."""
     out = []
     for item in _csv(value, param=param):
         if not item.isdigit() or int(item) < 1:
-            raise HetplanError(f"expected positive integers such as 1,2,4,8, got {item!r}", field=param)
+            example = "3,224,224" if ordered else "1,2,4,8"
+            raise HetplanError(f"expected positive integers such as {example}, got {item!r}", field=param)
         out.append(int(item))
-    return tuple(sorted(set(out)))
+    return tuple(out) if ordered else tuple(sorted(set(out)))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -175,82 +177,35 @@ def profile(
       hetplan profile mymodels:build --input-shape 3,224,224 --kwargs width=64 -o mine.yaml
       hetplan profile gpt --layers 12 --hidden 768 --analytic --devices A100-80GB,T4 -o gpt.yaml
     """
-    from planner.contracts.catalog import load_catalog
+    from planner.profile.request import analytic_request, measure_request, model_section, summary_lines
 
     config = {k: v for k, v in settings.items() if v is not None}
     sizes = _csv_ints(micro_batches, param="--micro-batches")
-    catalog = load_catalog()
     if analytic:
-        from planner.profile.analytic import analytic_profile
-
-        if ":" in family:
-            raise HetplanError("--analytic needs a zoo family; a module:factory model is measured", field="MODEL")
         names = _csv(device_list, param="--devices") or ["A100-80GB"]
-        types = [catalog.get(n, field="--devices") for n in names]
-        result = analytic_profile(family, config, devices=types, dtype=dtype, micro_batches=sizes)
-        result.save(output)
-        params = sum(b.params for b in result.blocks)
-        console.print(
-            f"wrote {output}: {family}, {len(result.blocks)} blocks, {params:,} parameters, "
-            f"estimated for {', '.join(names)}"
-        )
-        return
-    try:
-        from planner.profile.measure import measure_profile
-    except ImportError:
-        raise HetplanError(
-            "measuring needs torch: pip install torch==2.13.0 (or add --analytic)", field="--analytic"
-        ) from None
-    if ":" in family:
-        model: dict[str, Any] = {"factory": family, "config": _parse_kwargs(factory_kwargs)}
-        if not input_shape:
-            raise HetplanError(
-                "a module:factory model needs --input-shape (per sample, e.g. 3,224,224)", field="--input-shape"
-            )
-        model["input_shape"] = list(_csv_ints_ordered(input_shape, param="--input-shape"))
+        result = analytic_request(family, config, names, dtype=dtype, micro_batches=sizes)
     else:
-        if factory_kwargs or input_shape:
-            raise HetplanError(
-                "--kwargs and --input-shape are for module:factory models; a zoo family takes --layers, --hidden, ...",
-                field="--kwargs",
+        shape = _csv_ints(input_shape, param="--input-shape", ordered=True) if input_shape else None
+        model = model_section(family, config, factory_kwargs=_parse_kwargs(factory_kwargs), input_shape=shape)
+        with _progress(f"measuring on {run_device}", err_console) as bar:
+            task = bar.add_task("measure", total=None)
+            result = measure_request(
+                model,
+                micro_batches=sizes,
+                device=run_device,
+                dtype=dtype,
+                threads=threads,
+                warmup=warmup,
+                repeat=repeat,
+                estimate_for=_csv(estimate_for, param="--estimate-for"),
+                device_type=device_type,
+                progress=lambda done, total: bar.update(task, completed=done, total=total),
             )
-        model = {"family": family, "config": config}
-    targets = [catalog.get(n, field="--estimate-for") for n in _csv(estimate_for, param="--estimate-for")]
-
-    with _progress(f"measuring on {run_device}", err_console) as bar:
-        task = bar.add_task("measure", total=None)
-        result = measure_profile(
-            model,
-            micro_batches=sizes,
-            device=run_device,
-            dtype=dtype,
-            threads=threads,
-            warmup=warmup,
-            repeat=repeat,
-            estimate_for=targets,
-            device_type_name=device_type,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
-        )
     result.save(output)
-    if "family" in model:
-        from planner.profile.compare import compare_with_analytic
-
-        for line in compare_with_analytic(result, result.model):
-            err_console.print(f"note: {line}", markup=False)
-    params = sum(b.params for b in result.blocks)
-    console.print(
-        f"wrote {output}: {len(result.blocks)} blocks, {params:,} parameters, measured on "
-        f"{result.device_types()[0]}" + (f", estimated for {', '.join(t.name for t in targets)}" if targets else "")
-    )
-
-
-def _csv_ints_ordered(value: str, *, param: str) -> tuple[int, ...]:
-    out = []
-    for item in _csv(value, param=param):
-        if not item.isdigit() or int(item) < 1:
-            raise HetplanError(f"expected positive integers such as 3,224,224, got {item!r}", field=param)
-        out.append(int(item))
-    return tuple(out)
+    notes, line = summary_lines(result, output)
+    for note in notes:
+        err_console.print(f"note: {note}", markup=False)
+    console.print(line)
 
 
 def _parse_kwargs(text: str | None) -> dict[str, Any]:
@@ -441,7 +396,7 @@ def show(file: str, as_json: bool) -> None:
 @click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
 @click.option("--batch", "global_batch", required=True, type=click.IntRange(min=1), help="Global batch (samples).")
 @click.option("--schedule", default="1f1b", show_default=True, type=click.Choice(["1f1b", "gpipe"]))
-@click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["sgd", "momentum", "adam"]))
+@click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["sgd", "momentum", "adam", "adamw"]))
 @click.option(
     "--dtype",
     default=None,
@@ -513,21 +468,29 @@ def plan(
 
 @cli.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option(
+    "--with", "others", multiple=True, type=click.Path(dir_okay=False), help="Another plan of the same inputs."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def compare(plan_file: str, as_json: bool) -> None:
+def compare(plan_file: str, others: tuple[str, ...], as_json: bool) -> None:
     """Put a plan beside every baseline (uniform split, DeepSpeed, torchgpipe, homogeneous planners,
-    data parallel), all scored by the same simulator, as ratios.
+    data parallel) and any other plans of the same inputs (--with, e.g. an export), all scored by the
+    same simulator, as ratios.
 
     \b
     Example:
       hetplan compare plan.yaml
+      hetplan compare plan.yaml --with megatron/exported-plan.yaml
     """
     from planner.contracts.plan import load_plan, load_plan_inputs
-    from planner.views.plan import compare_rows, compare_table
+    from planner.solve.compare import compare_rows, same_inputs
+    from planner.views.plan import compare_table, with_bands
 
     loaded = load_plan(plan_file)
     loaded_profile, loaded_cluster = load_plan_inputs(loaded)
-    rows = compare_rows(loaded, loaded_profile, loaded_cluster)
+    extra = {Path(o).parent.name or Path(o).stem: same_inputs(load_plan(o), loaded) for o in others}
+    rows = compare_rows(loaded, loaded_profile, loaded_cluster, others=extra)
+    rows = with_bands(rows, loaded, loaded_profile, loaded_cluster)
     if as_json:
         _print_json(rows)
     else:
@@ -552,37 +515,113 @@ def compare(plan_file: str, as_json: bool) -> None:
     help="Use this cluster instead of the one the plan names.",
 )
 @click.option(
-    "--timeline", type=click.Path(dir_okay=False), default=None, help="Draw the iteration to FILE.svg or FILE.png."
+    "--timeline",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Draw the iteration to FILE.svg (or FILE.png, with the [png] extra: matplotlib).",
+)
+@click.option(
+    "--trace",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the iteration as a Chrome trace FILE.json: open it in Perfetto (ui.perfetto.dev) or chrome://tracing.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(
-    plan_file: str, profile_file: str | None, cluster_file: str | None, timeline: str | None, as_json: bool
+    plan_file: str,
+    profile_file: str | None,
+    cluster_file: str | None,
+    timeline: str | None,
+    trace: str | None,
+    as_json: bool,
 ) -> None:
     """Simulate one training iteration of a plan: time, bubble, memory, critical path.
 
     \b
-    Example:
+    Examples:
       hetplan simulate plan.yaml --timeline plan.svg
+      hetplan simulate plan.yaml --trace plan.trace.json    # one event per task, for Perfetto
     """
     from planner.contracts.plan import load_plan, load_plan_inputs
     from planner.simulate import check_memory
     from planner.simulate import simulate as run_simulation
-    from planner.simulate.timeline import write_timeline
+    from planner.simulate.timeline import check_timeline_path, write_timeline
+    from planner.simulate.trace import check_trace_path, write_trace
     from planner.views import plan_is_emulated
     from planner.views.simulation import simulation_renderables
 
+    if timeline:  # a file that cannot be written fails before the simulation, not after
+        check_timeline_path(timeline)
+    if trace:
+        check_trace_path(trace)
     plan = load_plan(plan_file)
     loaded_profile, loaded_cluster = load_plan_inputs(plan, profile=profile_file, cluster=cluster_file)
-    result = run_simulation(plan, loaded_profile, loaded_cluster, timeline=timeline is not None)
+    drawn = timeline is not None or trace is not None
+    result = run_simulation(plan, loaded_profile, loaded_cluster, timeline=drawn)
     check_memory(result, plan)
+    title = f"{Path(plan_file).name} on {loaded_cluster.name}"
     if timeline:
-        write_timeline(result, timeline, title=f"{Path(plan_file).name} on {loaded_cluster.name}")
+        write_timeline(result, timeline, title=title, cluster=loaded_cluster)
+    if trace:
+        write_trace(result, trace, cluster=loaded_cluster, title=title)
     if as_json:
         _print_json(result.to_json())
         return
     _print_all(simulation_renderables(result, emulated=plan_is_emulated(plan, loaded_cluster)))
     if timeline:
         console.print(f"timeline written to {timeline}")
+    if trace:
+        console.print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
+
+
+# --------------------------------------------------------------------------- export
+@cli.command()
+@click.argument("runtime", metavar="RUNTIME")
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def export(runtime: str, plan_file: str, output_dir: str, as_json: bool) -> None:
+    """Write the closest configuration RUNTIME (deepspeed, megatron or torchtitan) can express: one
+    pipeline shape replicated, with its layer cuts, micro-batch size and count and data-parallel
+    degree. Say in one line each what it had to drop, and score it beside the plan by the simulator.
+
+    \b
+    The folder gets the runtime's files, a launcher script, dropped.txt, and exported-plan.yaml: a plan
+    file of exactly what the export expresses, on the same inputs (simulate, show, compare read it).
+    Examples:
+      hetplan export megatron plan.yaml -o megatron/
+      hetplan export deepspeed plan.yaml -o ds/ && hetplan simulate ds/exported-plan.yaml --trace ds.json
+    """
+    from planner.export import export_plan, export_rows, runtime_named
+    from planner.views.plan import compare_table, plan_band
+
+    chosen = runtime_named(runtime)  # an unknown runtime fails before any file is read
+    loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
+    result = export_plan(chosen.name, loaded, loaded_profile, loaded_cluster, output_dir)
+    rows = export_rows(loaded, result.exported, loaded_profile, loaded_cluster, name=f"{chosen.title} export")
+    rows[0]["band"] = plan_band(loaded, loaded_profile, loaded_cluster).to_dict()  # how far to trust hetplan's time
+    if as_json:
+        _print_json(
+            {
+                "runtime": chosen.name,
+                "written": [str(p) for p in result.written],
+                "dropped": list(result.dropped),
+                "notes": result.memory_notes(),
+                "compare": rows,
+            }
+        )
+        return
+    for path in result.written:
+        console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
+    for line in result.dropped:
+        console.print(f"dropped: {line}", markup=False, highlight=False, soft_wrap=True)
+    if not result.dropped:
+        console.print(f"dropped: nothing ({chosen.title} expresses this plan as it is)")
+    for line in result.memory_notes():
+        console.print(f"note: {line}", markup=False, highlight=False, soft_wrap=True)
+    table = compare_table(rows)
+    table.title = f"Plan vs its {chosen.title} export (same inputs, same simulator)"
+    console.print(table)
 
 
 # --------------------------------------------------------------------------- emit / launch / report
@@ -595,15 +634,64 @@ def _plan_and_inputs(plan_file: str):
     return loaded, loaded_profile, loaded_cluster
 
 
+def _training_options(func: Any) -> Any:
+    """How the ranks train, beyond the plan (``emit`` and ``launch`` both take these)."""
+    options = [
+        click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0)),
+        click.option("--lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Learning rate."),
+        click.option(
+            "--optimizer",
+            default=None,
+            type=click.Choice(["sgd", "momentum", "adam", "adamw"]),
+            help="Optimizer the ranks step (default: the plan's).",
+        ),
+        click.option("--weight-decay", default=None, type=click.FloatRange(min=0), help="AdamW's (default 0.01)."),
+        click.option(
+            "--clip-grad-norm",
+            default=None,
+            type=click.FloatRange(min=0, min_open=True),
+            help="Clip the whole model's gradient to this 2-norm every step (as torch.nn.utils.clip_grad_norm_).",
+        ),
+        click.option("--warmup-steps", default=0, type=click.IntRange(min=0), help="Linear learning-rate warm-up."),
+        click.option(
+            "--decay-steps", default=0, type=click.IntRange(min=0), help="Cosine decay after the warm-up (0: none)."
+        ),
+        click.option("--min-lr", default=0.0, type=click.FloatRange(min=0), help="Floor of the cosine decay."),
+        click.option(
+            "--data",
+            default=None,
+            type=click.Path(dir_okay=False),
+            help="Train a character-level language model on this text file (gpt models).",
+        ),
+        click.option(
+            "--dataset",
+            default=None,
+            help="Your map-style dataset: a module:function returning (input, target) pairs; each rank reads "
+            "only its samples.",
+        ),
+        click.option("--dataset-kwargs", default=None, help="Arguments of the --dataset function, e.g. size=1000."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _training(values: dict[str, Any]) -> Any:
+    from planner.local_job import TrainingOptions
+
+    values = dict(values)
+    values["dataset_kwargs"] = _parse_kwargs(values.pop("dataset_kwargs", None))
+    return TrainingOptions(**values)
+
+
 @cli.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
 @click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder to write.")
 @click.option("--master", default="node0:29500", show_default=True, help="HOST:PORT of the rendezvous (first node).")
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1))
 @click.option("--backend", default="nccl", show_default=True, type=click.Choice(["nccl", "gloo"]))
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
-@click.option("--lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Learning rate.")
-def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str, seed: int, lr: float | None) -> None:
+@_training_options
+def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str, **training: Any) -> None:
     """Write launch files: the rank config, a torchrun script per node, a SLURM batch script.
 
     \b
@@ -614,16 +702,9 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
     from planner.emit import emit_launch
 
     loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
+    options = _training(training).rank_config_kwargs()
     for path in emit_launch(
-        loaded,
-        loaded_profile,
-        loaded_cluster,
-        output_dir,
-        master=master,
-        steps=steps,
-        seed=seed,
-        lr=lr,
-        backend=backend,
+        loaded, loaded_profile, loaded_cluster, output_dir, master=master, steps=steps, backend=backend, **options
     ):
         console.print(f"wrote {path}")
 
@@ -631,30 +712,23 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
 @cli.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0))
-@click.option("--lr", default=None, type=click.FloatRange(min=0, min_open=True), help="Learning rate.")
 @click.option("--log", "log_file", default=None, type=click.Path(dir_okay=False), help="Run log (JSON lines).")
 @click.option("--emulate", is_flag=True, help="Run each rank as its planned device type by its slowdown factor.")
-@click.option("--save", default=None, type=click.Path(file_okay=False), help="Save a checkpoint (per block) here.")
+@click.option("--save", default=None, type=click.Path(file_okay=False), help="Save checkpoints (keyed by block) here.")
+@click.option("--save-every", default=None, type=click.IntRange(min=1), help="Also save every N steps (with --save).")
 @click.option("--resume", default=None, type=click.Path(file_okay=False), help="Resume from a checkpoint folder.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1), help="Torch threads per rank.")
-@click.option(
-    "--data",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="Train a character-level language model on this text file (gpt models) instead of the synthetic task.",
-)
+@_training_options
 def launch(
     plan_file: str,
     steps: int,
-    seed: int,
-    lr: float | None,
     log_file: str | None,
     emulate: bool,
     save: str | None,
+    save_every: int | None,
     resume: str | None,
     threads: int,
-    data: str | None,
+    **training: Any,
 ) -> None:
     """Train a plan here: spawn every rank on this machine (gloo), show progress, summarise.
 
@@ -662,47 +736,29 @@ def launch(
     Examples:
       hetplan launch plan.yaml --steps 20 --emulate --log run.jsonl
       hetplan launch plan.yaml --steps 200 --data book.txt      # a character-level language model
+      hetplan launch plan.yaml --dataset mydata:build --optimizer adamw --clip-grad-norm 1 --warmup-steps 10
     """
-    import tempfile
-
-    from planner.contracts.yamlio import write_yaml
-    from planner.emit import build_rank_config
-    from planner.runtime.launcher import launch_local
+    from planner.local_job import train_here
 
     loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
-    if data:  # fail here, in one line, rather than in every rank
-        from planner.models import resolve_model
-        from planner.runtime.textdata import batches_for
-
-        data = str(Path(data).resolve())
-        batches_for(loaded_profile.model, resolve_model(loaded_profile.model), data)
-    config = build_rank_config(loaded, loaded_profile, loaded_cluster, seed=seed, lr=lr, backend="gloo", data=data)
-    folder = Path(tempfile.mkdtemp(prefix="hetplan-launch-"))
-    write_yaml(config, folder / "rank-config.yaml")
     label = " (EMULATED device speeds)" if emulate else ""
-    with _progress(f"training {len(config['devices'])} ranks{label}", console) as bar:
+    with _progress(f"training {len(loaded.all_devices())} ranks{label}", console) as bar:
         task = bar.add_task("steps", total=steps)
-        result = launch_local(
-            folder / "rank-config.yaml",
+        job = train_here(
+            loaded,
+            loaded_profile,
+            loaded_cluster,
             steps=steps,
-            log=log_file,
+            options=_training(training),
             emulate=emulate,
+            log=log_file,
             save=save,
+            save_every=save_every,
             resume=resume,
             threads=threads,
             progress=lambda done, total: bar.update(task, completed=done),
         )
-    losses = [r["loss"] for r in result.records if r["rank"] == 0]
-    iters = sorted(
-        max(r["iteration_s"] for r in result.records if r["step"] == s) for s in {r["step"] for r in result.records}
-    )
-    median = iters[len(iters) // 2] if iters else float("nan")
-    console.print(
-        f"trained {len(losses)} steps on {len(config['devices'])} ranks{label}: loss {losses[0]:.4f} -> "
-        f"{losses[-1]:.4f}; median iteration {median * 1e3:.1f} ms "
-        f"({loaded.global_batch / median:.1f} samples/s); predicted "
-        f"{loaded.predicted.get('iteration_s', float('nan')) * 1e3:.1f} ms"
-    )
+    console.print(job.summary)
     if log_file:
         console.print(f"run log: {log_file}")
 

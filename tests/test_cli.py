@@ -176,3 +176,33 @@ def test_bf16_on_a_gpu_without_bf16_is_refused_by_plan_and_validate(
     (tmp_path / "hand.yaml").write_text(yaml.safe_dump(plan))
     code, _, err = run(["validate", str(tmp_path / "hand.yaml")], capsys)
     assert code == 2 and "hand.yaml: dtype:" in err and "node1/0 is a V100-16GB" in err
+
+
+def test_compare_puts_other_plans_of_the_same_inputs_beside_the_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = str(bundled_profiles_dir() / "clusters" / "local-2.yaml")
+    for name, layers in (("p.yaml", "4"), ("q.yaml", "6")):
+        code, _, err = run(
+            ["profile", "gpt", "--layers", layers, "--hidden", "64", "--heads", "2", "--seq", "16", "--analytic",
+             "--devices", "cpu", "-o", str(tmp_path / name)],
+            capsys,
+        )  # fmt: skip
+        assert code == 0, err
+        code, _, err = run(
+            ["plan", str(tmp_path / name), cluster, "--batch", "16", "-o", str(tmp_path / f"plan-{name}")], capsys
+        )
+        assert code == 0, err
+    code, _, err = run(["export", "megatron", str(tmp_path / "plan-p.yaml"), "-o", str(tmp_path / "meg")], capsys)
+    assert code == 0, err
+    code, out, err = run(
+        ["compare", str(tmp_path / "plan-p.yaml"), "--with", str(tmp_path / "meg" / "exported-plan.yaml"), "--json"],
+        capsys,
+    )
+    assert code == 0, err
+    rows = json.loads(out)
+    assert rows[0]["name"] == "hetplan" and rows[-1]["name"] == "meg"
+    assert rows[-1]["iteration_s"] >= rows[0]["iteration_s"] * 0.999  # on this instance the export is no faster
+    # a plan of another profile is refused, naming the field
+    code, _, err = run(["compare", str(tmp_path / "plan-p.yaml"), "--with", str(tmp_path / "plan-q.yaml")], capsys)
+    assert code == 2 and "plan-q.yaml: inputs.profile.sha256" in err

@@ -44,7 +44,7 @@ __all__ = [
 PLAN_SCHEMA = "hetplan/plan/v1"
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 SCHEDULES = ("1f1b", "gpipe")
-OPTIMIZERS = ("sgd", "momentum", "adam")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SYNC_MODES = ("allreduce",)
 
 

@@ -6,7 +6,9 @@
 Each record says which pipeline and stage the rank ran, so measured times can be put beside the
 plan's predicted per-stage times. ``loss`` is the mean over the whole global batch (the same on
 every rank of a step) or null on ranks that do not compute it. ``emulated_slowdown`` is present
-when the rank emulated a slower device type.
+when the rank emulated a slower device type. ``lr`` (the step's learning rate), ``grad_norm`` (the
+2-norm of the whole model's gradient before clipping, the same on every rank; null when it was not
+finite) and ``clipped`` (present when the run clips: whether this step did) follow the optimizer.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class StepRecord:
     dtype: str | None = None
     loss_scale: float | None = None  # fp16 runs: the dynamic loss scale used this step
     skipped_step: bool | None = None  # fp16 runs: the step was skipped (a gradient overflowed)
+    lr: float | None = None  # the learning rate this step used (after warm-up and decay)
+    grad_norm: float | None = None  # the whole model's gradient 2-norm before clipping
+    clipped: bool | None = None  # runs that clip: whether the norm was above the maximum this step
 
     def to_json(self) -> str:
         data: dict[str, Any] = {"schema": RUNLOG_SCHEMA, **asdict(self)}
@@ -82,6 +87,9 @@ def parse_record(data: Any, *, file: str | None, line: int) -> StepRecord:
         dtype=f.str("dtype", None, choices=DTYPES),
         loss_scale=f.number("loss_scale", None, positive=True),
         skipped_step=_optional_bool(f, "skipped_step"),
+        lr=f.number("lr", None, minimum=0.0),
+        grad_norm=f.number("grad_norm", None, minimum=0.0),
+        clipped=_optional_bool(f, "clipped"),
     )
     f.done()
     return record

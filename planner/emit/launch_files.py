@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 from planner.contracts.cluster import Cluster
 from planner.contracts.model_profile import ModelProfile
@@ -54,12 +55,14 @@ def emit_launch(
     seed: int = 0,
     lr: float | None = None,
     backend: str = "nccl",
+    **training: Any,
 ) -> list[Path]:
-    """Write the launch files for ``plan``; returns their paths."""
+    """Write the launch files for ``plan``; returns their paths. ``training``: how the ranks train
+    beyond the plan (optimizer, clipping, learning-rate schedule, dataset; :func:`build_rank_config`)."""
     if ":" not in master:
         raise HetplanError(f"expected HOST:PORT, got {master!r}", field="--master")
     out = Path(out_dir)
-    config = build_rank_config(plan, profile, cluster, seed=seed, lr=lr, backend=backend)
+    config = build_rank_config(plan, profile, cluster, seed=seed, lr=lr, backend=backend, **training)
     config_path = out / "rank-config.yaml"
     write_yaml(config, config_path)
     written = [config_path]

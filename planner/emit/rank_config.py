@@ -4,6 +4,11 @@ Every rank reads the same file and finds itself by its device address (``NODE/IN
 does not depend on the order in which torchrun hands out ranks. It holds the plan's pipelines (each
 rank compiles them into the same action lists the simulator timed, and checks them against the
 ``actions`` written here), the model to build, and the training settings.
+
+Everything a run needs beyond the plan travels in ``training`` (so the worker needs no flag of its
+own): the optimizer (the plan's, or an override such as ``adamw``), AdamW's weight decay, the
+maximum global gradient norm, the learning-rate schedule, and the data (a text file, or a user's
+dataset module with its keyword arguments). Keys left out mean today's behaviour.
 """
 
 from __future__ import annotations
@@ -14,13 +19,14 @@ from planner import __version__
 from planner.contracts.cluster import Cluster
 from planner.contracts.model_profile import ModelProfile
 from planner.contracts.plan import Plan
+from planner.errors import HetplanError
 from planner.schedule.compile import compile_plan
 
 __all__ = ["DEFAULT_LR", "RANK_CONFIG_SCHEMA", "build_rank_config"]
 
 RANK_CONFIG_SCHEMA = "hetplan/rank-config/v1"
 #: Learning rates by optimizer when the user gives none: small enough for the zoo's synthetic tasks.
-DEFAULT_LR = {"sgd": 0.05, "momentum": 0.02, "adam": 1e-3}
+DEFAULT_LR = {"sgd": 0.05, "momentum": 0.02, "adam": 1e-3, "adamw": 1e-3}
 
 
 def build_rank_config(
@@ -33,8 +39,33 @@ def build_rank_config(
     backend: str = "gloo",
     timeout_s: float = 60.0,
     data: str | None = None,
+    optimizer: str | None = None,
+    weight_decay: float | None = None,
+    clip_grad_norm: float | None = None,
+    warmup_steps: int = 0,
+    decay_steps: int = 0,
+    min_lr: float = 0.0,
+    dataset: str | None = None,
+    dataset_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The rank config of ``plan`` as a plain dict (deterministic key order)."""
+    """The rank config of ``plan`` as a plain dict (deterministic key order).
+
+    Args:
+        optimizer: the optimizer the ranks step, overriding the plan's (e.g. ``adamw``).
+        weight_decay: AdamW's decoupled weight decay (written for ``adamw`` only; default 0.01).
+        clip_grad_norm: clip the whole model's gradient to this 2-norm (None: no clipping).
+        warmup_steps, decay_steps, min_lr: linear warm-up from 0 to ``lr``, then cosine decay to
+            ``min_lr`` (:mod:`planner.runtime.lr_schedule`); all 0: a constant ``lr``.
+        data: a text file (a character-level language model).
+        dataset, dataset_kwargs: a user's ``module:function`` returning a map-style dataset, and
+            its keyword arguments.
+    """
+    name = optimizer or plan.optimizer
+    if name not in DEFAULT_LR:
+        raise HetplanError(f"expected one of {', '.join(DEFAULT_LR)}, got {name!r}", field="--optimizer")
+    rate = lr if lr is not None else DEFAULT_LR[name]
+    if data and dataset:
+        raise HetplanError("give --data (a text file) or --dataset (a module), not both", field="--dataset")
     compiled = compile_plan(plan, len(profile.blocks))
     used = set(compiled.programs)
     devices = []
@@ -67,13 +98,24 @@ def build_rank_config(
         "training": {
             "global_batch": plan.global_batch,
             "schedule": plan.schedule,
-            "optimizer": plan.optimizer,
+            "optimizer": name,
             "dtype": plan.dtype or profile.dtype,
-            "lr": lr if lr is not None else DEFAULT_LR[plan.optimizer],
+            "lr": rate,
             "seed": seed,
             "backend": backend,
             "timeout_s": timeout_s,
             **({"data": data} if data else {}),
+            **_training_options(
+                name,
+                rate,
+                weight_decay=weight_decay,
+                clip_grad_norm=clip_grad_norm,
+                warmup_steps=warmup_steps,
+                decay_steps=decay_steps,
+                min_lr=min_lr,
+                dataset=dataset,
+                dataset_kwargs=dataset_kwargs,
+            ),
         },
         "pipelines": [p.to_dict() for p in plan.pipelines],
         "world_size": len(devices),
@@ -81,3 +123,40 @@ def build_rank_config(
         "devices": devices,
         "predicted": {"iteration_s": plan.predicted.get("iteration_s")} if plan.predicted else {},
     }
+
+
+def _training_options(
+    optimizer: str,
+    lr: float,
+    *,
+    weight_decay: float | None,
+    clip_grad_norm: float | None,
+    warmup_steps: int,
+    decay_steps: int,
+    min_lr: float,
+    dataset: str | None,
+    dataset_kwargs: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The optional ``training`` keys, only those that differ from today's behaviour."""
+    out: dict[str, Any] = {}
+    if weight_decay is not None:  # absent: the runtime's default (0.01, torch's AdamW's)
+        if optimizer != "adamw":
+            raise HetplanError(
+                f"--weight-decay is AdamW's; this run's optimizer is {optimizer}", field="--weight-decay"
+            )
+        out["weight_decay"] = weight_decay
+    if clip_grad_norm is not None:
+        out["clip_grad_norm"] = clip_grad_norm
+    if min_lr > lr:
+        raise HetplanError(f"the floor {min_lr:g} is above the learning rate {lr:g}", field="--min-lr")
+    if warmup_steps or decay_steps:
+        out["lr_schedule"] = {"warmup_steps": warmup_steps, "decay_steps": decay_steps, "min_lr": min_lr}
+    elif min_lr:
+        raise HetplanError("--min-lr needs a decay (--decay-steps)", field="--min-lr")
+    if dataset:
+        out["dataset"] = dataset
+        if dataset_kwargs:
+            out["dataset_kwargs"] = dict(dataset_kwargs)
+    elif dataset_kwargs:
+        raise HetplanError("--dataset-kwargs without --dataset", field="--dataset-kwargs")
+    return out

@@ -167,14 +167,21 @@ def _block_state(block: nn.Module) -> list[torch.Tensor]:
 
 # --------------------------------------------------------------------------- timing
 class _Clock:
+    """What a timed region costs. On CUDA: wall time between synchronisations. On a CPU measured with
+    one thread: the thread's CPU time, which other work on a shared machine does not inflate (a
+    rank of ``hetplan launch`` runs with one thread too, and its emulation stretches CPU time); with
+    several threads: wall time (one thread's CPU time would miss the others')."""
+
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.device = device
+        self.cpu_time = not self.cuda and torch.get_num_threads() == 1
+        self.note = "cuda wall time" if self.cuda else ("thread cpu time" if self.cpu_time else "wall time")
 
     def now(self) -> float:
         if self.cuda:
             torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        return time.thread_time() if self.cpu_time else time.perf_counter()
 
 
 def _spread(values: Sequence[float]) -> float:
@@ -554,6 +561,7 @@ def _measure(
             "parameters, buffers and the block's output left out; per sample"
         ),
         "last_block": "forward and backward include the loss",
+        "clock": clock.note,
     }
     if dev.type == "cuda":
         source["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(dev))

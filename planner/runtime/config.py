@@ -1,16 +1,27 @@
-"""Load the rank config (written by ``hetplan emit``) into typed objects the ranks use."""
+"""Load the rank config (written by ``hetplan emit``) into typed objects the ranks use.
+
+The ``training`` section's optional keys (absent: today's behaviour): ``optimizer`` may name any
+runtime optimizer (:data:`planner.runtime.optim.OPTIMIZERS`, ``adamw`` included, overriding the
+plan's), ``weight_decay`` (AdamW only), ``clip_grad_norm`` (the maximum global gradient norm),
+``lr_schedule`` (``{warmup_steps, decay_steps, min_lr}``, :mod:`planner.runtime.lr_schedule`),
+``data`` (a text file) or ``dataset`` with ``dataset_kwargs`` (a user's ``module:function``,
+:mod:`planner.runtime.dataset`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from planner.contracts.catalog import DTYPES
 from planner.contracts.fields import Fields
+from planner.contracts.plan import OPTIMIZERS as PLAN_OPTIMIZERS
 from planner.contracts.plan import PLAN_SCHEMA, Plan, parse_plan
 from planner.contracts.yamlio import read_mapping
 from planner.errors import HetplanError
+from planner.runtime.lr_schedule import LrSchedule
+from planner.runtime.optim import OPTIMIZERS
 
 __all__ = ["DeviceEntry", "RuntimeConfig", "load_rank_config"]
 
@@ -48,6 +59,15 @@ class RuntimeConfig:
     file: str
     data: str | None = None  # a text file for a character-level language model
     dtype: str = "fp32"  # the plan's compute dtype: fp16/bf16 train with fp32 master weights
+    weight_decay: float | None = None  # AdamW's (None: the optimizer's default)
+    clip_grad_norm: float | None = None  # the maximum global gradient norm (None: no clipping)
+    lr_schedule: LrSchedule | None = None  # None: a constant ``lr``
+    dataset: str | None = None  # a user's map-style dataset, ``module:function``
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def lr_by_step(self) -> LrSchedule:
+        """The learning rate by step (a constant ``lr`` unless the config gives a schedule)."""
+        return self.lr_schedule or LrSchedule(self.lr)
 
 
 def load_rank_config(path: str | Path) -> RuntimeConfig:
@@ -64,13 +84,24 @@ def load_rank_config(path: str | Path) -> RuntimeConfig:
     t = f.child("training")
     global_batch = t.integer("global_batch", minimum=1)
     schedule = t.str("schedule", choices=("1f1b", "gpipe"))
-    optimizer = t.str("optimizer", choices=("sgd", "momentum", "adam"))
+    optimizer = t.str("optimizer", choices=OPTIMIZERS)
     dtype = t.str("dtype", "fp32", choices=DTYPES)
     lr = t.number("lr", positive=True)
     seed = t.integer("seed", minimum=0)
     backend = t.str("backend", choices=("gloo", "nccl"))
     timeout_s = t.number("timeout_s", positive=True)
     text_data = t.str("data", None)
+    weight_decay = t.number("weight_decay", None, minimum=0.0)
+    if weight_decay is not None and optimizer != "adamw":
+        raise t.error(f"weight_decay is AdamW's; this run's optimizer is {optimizer}", "weight_decay")
+    clip_grad_norm = t.number("clip_grad_norm", None, positive=True)
+    lr_schedule = _lr_schedule(t, lr)
+    dataset = t.str("dataset", None)
+    dataset_kwargs = dict(t.mapping_items("dataset_kwargs", []))
+    if dataset_kwargs and not dataset:
+        raise t.error("dataset_kwargs without a dataset", "dataset_kwargs")
+    if dataset and text_data:
+        raise t.error("give data (a text file) or dataset (a module), not both", "dataset")
     t.done()
     plan = parse_plan(
         {
@@ -78,7 +109,9 @@ def load_rank_config(path: str | Path) -> RuntimeConfig:
             "inputs": {"profile": {"path": "-"}, "cluster": {"path": "-"}},
             "global_batch": global_batch,
             "schedule": schedule,
-            "optimizer": optimizer,
+            # the schedule does not depend on the optimizer; one the plan contract does not list
+            # (adamw) leaves the plan's default, and the ranks step the one named here
+            **({"optimizer": optimizer} if optimizer in PLAN_OPTIMIZERS else {}),
             "dtype": dtype,
             "pipelines": f.raw("pipelines"),
         },
@@ -126,4 +159,21 @@ def load_rank_config(path: str | Path) -> RuntimeConfig:
         file=str(path),
         data=text_data,
         dtype=dtype,
+        weight_decay=weight_decay,
+        clip_grad_norm=clip_grad_norm,
+        lr_schedule=lr_schedule,
+        dataset=dataset,
+        dataset_kwargs=dataset_kwargs,
     )
+
+
+def _lr_schedule(t: Fields, lr: float) -> LrSchedule | None:
+    """``training.lr_schedule``: warm-up steps, cosine decay steps and the floor (all optional)."""
+    s = t.child("lr_schedule", None)
+    if s is None:
+        return None
+    warmup = s.integer("warmup_steps", 0, minimum=0)
+    decay = s.integer("decay_steps", 0, minimum=0)
+    min_lr = s.number("min_lr", 0.0, minimum=0.0, maximum=lr)
+    s.done()
+    return LrSchedule(lr=lr, warmup_steps=warmup, decay_steps=decay, min_lr=min_lr)

@@ -18,12 +18,22 @@ the simulator times and the validator checks:
   backward, an output after the backward through it), so a 1F1B stage holds what the memory
   model says: at most ``min(S - s, M)`` micro-batches;
 * every collective uses tensors on the rank's device (NCCL needs CUDA tensors).
+
+At ``OPT`` one all-reduce over the job carries ``[loss, overflow count, squared gradient norm]``:
+each rank adds the squares of the gradients of the blocks it is the lowest rank of the holders of
+(after the gradient all-reduces every holder of a block has the same gradient, so each block counts
+once), which gives every rank the norm of the whole model's gradient for global-norm clipping with
+no collective of its own. The learning rate is the schedule's for the step's number, so a resumed
+run continues the schedule. Ranks that need data (first and last stages) read only their samples
+of the step (:mod:`planner.runtime.data`); the others read nothing.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,9 +41,9 @@ import torch.distributed as dist
 from planner.models import resolve_model
 from planner.runtime.comm import tag_of, wait
 from planner.runtime.config import RuntimeConfig
-from planner.runtime.data import micro_offsets, pipeline_offsets
+from planner.runtime.data import micro_offsets, open_samples, pipeline_offsets
+from planner.runtime.optim import clip_coefficient
 from planner.runtime.precision import Precision, run_blocks
-from planner.runtime.textdata import batches_for
 from planner.schedule.actions import Action, Kind
 from planner.schedule.compile import CompiledPlan
 
@@ -51,6 +61,9 @@ class StepStats:
     loss_sum: float = 0.0
     skipped: bool = False
     extra: dict = field(default_factory=dict)
+    #: optional run-log keys of the step (``lr``, ``grad_norm``, ``clipped``): the worker adds them to
+    #: its record as they are
+    log: dict[str, Any] = field(default_factory=dict)
 
 
 def _io_shapes(zoo, seed: int, dtype: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
@@ -115,15 +128,33 @@ class RankExecutor:
         self.program = compiled.programs[address]
         self.actions: list[Action] = self.program.actions
         self.zoo = resolve_model(config.model)
-        self.batches = batches_for(config.model, self.zoo, config.data)
         self.names = self.zoo.block_names()
+        self.first = self.program.start == 0
+        self.last = self.program.end == config.n_blocks
+        # only the ranks that use samples open the source (a middle stage reads nothing)
+        self.samples = (
+            open_samples(
+                config.model,
+                self.zoo,
+                global_batch=config.global_batch,
+                seed=config.seed,
+                data=config.data,
+                dataset=config.dataset,
+                dataset_kwargs=config.dataset_kwargs,
+            )
+            if self.first or self.last
+            else None
+        )
         self.block_list = [
             b.to(device) for b in self.zoo.build_blocks(self.program.start, self.program.end, config.seed)
         ]
         Precision.cast_model(self.block_list, config.dtype)
         self.blocks = {self.program.start + i: b for i, b in enumerate(self.block_list)}
         params = [p for b in self.block_list for p in b.parameters()]
-        self.precision = Precision(config.dtype, params, optimizer=config.optimizer, lr=config.lr)
+        self.precision = Precision(
+            config.dtype, params, optimizer=config.optimizer, lr=config.lr, weight_decay=config.weight_decay
+        )
+        self.lr_schedule = config.lr_by_step()
         self.optimizer = self.precision.optimizer
         self.compute_dtype = self.precision.torch_dtype
         shapes = _io_shapes(self.zoo, config.seed, self.compute_dtype)
@@ -136,8 +167,6 @@ class RankExecutor:
         else:
             self.in_shape, self.in_dtype = shapes[start - 1]
         self.out_shape, self.out_dtype = shapes[self.program.end - 1]
-        self.first = start == 0
-        self.last = self.program.end == config.n_blocks
         pipe = config.plan.pipelines[self.program.pipeline]
         self.pipe_offset = pipeline_offsets(config.plan)[self.program.pipeline]
         self.micro_offsets = micro_offsets(pipe.micro_batches)
@@ -155,6 +184,12 @@ class RankExecutor:
                 held = [p for b in g.blocks if b in self.blocks for p in self.blocks[b].parameters()]
                 self.groups[g.id] = (pg, held)
         self.group_order = sorted(self.groups)
+        # the parameters whose gradients this rank counts in the global norm: those of the blocks it
+        # is the lowest rank of the holders of (every holder has the same gradient after the all-reduce)
+        counted = sorted(
+            b for g in compiled.groups if min(g.devices, key=rank_of.__getitem__) == address for b in g.blocks
+        )
+        self.norm_params = [p for b in counted for p in self.blocks[b].parameters()]
         self.group_of = {id(p): gid for gid, (_, held) in self.groups.items() for p in held}
         self._ready: dict[int, int] = {}
         self._issued: dict[int, tuple[dist.Work, torch.Tensor, list[torch.Tensor]]] = {}
@@ -251,9 +286,7 @@ class RankExecutor:
         cfg = self.config
         stats = StepStats()
         begin = time.perf_counter()
-        inputs = targets = None
-        if self.first or self.last:
-            inputs, targets = self.batches.sample_batch(cfg.global_batch, seed=cfg.seed, step=step)
+        rows = self.samples.step(step) if self.samples is not None else None  # this step's samples
         x_in: dict[int, torch.Tensor] = {}  # received activations (the stage's inputs), until their backward
         y_out: dict[int, torch.Tensor] = {}  # outputs, until the backward through them
         grad_out: dict[int, torch.Tensor] = {}  # gradients received for the outputs, until used
@@ -280,16 +313,16 @@ class RankExecutor:
                 continue
             if kind is Kind.FORWARD:
                 micro = a.micro
-                lo, hi = self._samples(micro)
-                x = inputs[lo:hi].to(self.device) if self.first else x_in[micro].requires_grad_(True)
+                inputs, targets = rows.rows(*self._samples(micro)) if rows is not None else (None, None)
+                x = inputs.to(self.device) if self.first else x_in[micro].requires_grad_(True)
+                target = targets.to(self.device) if self.last else None
 
-                def forward(x=x, micro=micro, lo=lo, hi=hi) -> None:
+                def forward(x=x, micro=micro, target=target) -> None:
                     with precision.autocast(self.device):
                         y = run_blocks(self.block_list, x, self.compute_dtype)
                         y_out[micro] = y
                         if self.last:
-                            loss = self.zoo.loss(y.float(), targets[lo:hi].to(self.device)) / cfg.global_batch
-                            losses[micro] = loss
+                            losses[micro] = self.zoo.loss(y.float(), target) / cfg.global_batch
 
                 self._compute(forward, stats)
             elif kind is Kind.BACKWARD:
@@ -324,22 +357,31 @@ class RankExecutor:
                 stats.comm_s += time.perf_counter() - t0
                 if self.groups:
                     self._finish_allreduces(stats, where)
-                # the loss of the whole batch and whether any rank's gradients overflowed (fp16),
-                # decided by every rank together, on the rank's device
-                total = torch.tensor(
-                    [stats.loss_sum, float(precision.nonfinite())], dtype=torch.float64, device=self.device
-                )
-                wait(
-                    dist.all_reduce(total, async_op=True),
-                    timeout_s=timeout,
-                    what=where("the loss all-reduce"),
-                )
-                stats.loss_sum = float(total[0]) / cfg.global_batch
-                stats.skipped = not precision.step(nonfinite_anywhere=int(total[1]))
+                self._step(step, stats, where)
             i += 1
         stats.extra["loss_scale"] = precision.scaler.scale
         stats.iteration_s = time.perf_counter() - begin
         return stats
+
+    def _step(self, step: int, stats: StepStats, where) -> None:
+        """``OPT``: one all-reduce of [loss, overflow count, squared gradient norm] over the job (on the
+        rank's device), then clip by the global norm, set the step's learning rate and step."""
+        cfg = self.config
+        precision = self.precision
+        scale = precision.scaler.scale  # the scale this step's gradients carry (fp16), before any update
+        head = torch.tensor([stats.loss_sum, float(precision.nonfinite())], dtype=torch.float64, device=self.device)
+        total = torch.cat([head, precision.grad_sq_sum(self.norm_params).reshape(1).to(self.device)])
+        wait(dist.all_reduce(total, async_op=True), timeout_s=cfg.timeout_s, what=where("the loss all-reduce"))
+        stats.loss_sum = float(total[0]) / cfg.global_batch
+        overflow = int(total[1])
+        norm = math.sqrt(float(total[2])) / scale
+        coef = clip_coefficient(norm, cfg.clip_grad_norm) if overflow == 0 else 1.0
+        lr = self.lr_schedule.lr_at(step)
+        precision.set_lr(lr)
+        stats.skipped = not precision.step(nonfinite_anywhere=overflow, clip_coef=coef)
+        stats.log = {"lr": lr, "grad_norm": norm if math.isfinite(norm) else None}
+        if cfg.clip_grad_norm is not None:
+            stats.log["clipped"] = coef < 1.0
 
     def _post_batch(self, batch, x_in, y_out, grad_out, in_flight_sends, stats: StepStats, where) -> None:
         """Post one batch of transfers together; wait for it if it receives anything."""

@@ -1,11 +1,29 @@
-"""Spawn every rank of a plan on this machine (gloo), watch them, and merge their run logs.
+"""Run every rank of a plan on this machine through torchrun's standalone mode, watch it, merge its logs.
 
     result = launch_local("launch/rank-config.yaml", steps=20, log="run.jsonl")
 
-A rank that exits non-zero stops the job: the launcher gives the others a moment to report what
-they were waiting on, then ends every rank (no orphans: each rank runs in its own process group,
-and the whole group is killed), and raises one error naming the ranks, steps and actions.
-A job that makes no progress for the rank timeout plus a margin is stopped the same way.
+The job is one torchrun agent (``torch.distributed.run --standalone --nproc-per-node N
+--max-restarts 0 --redirects 3 --log-dir RUN/torchrun``) running ``python -m
+planner.runtime.worker CONFIG --node-name NODES``: each worker finds its device by ``LOCAL_RANK`` among
+the rank config's devices, in rank-config order (several nodes are listed comma-separated, so a
+plan of several nodes runs under the one agent too). What hetplan adds around torchrun:
+
+* **one line when a rank dies.** torchrun ends the other workers itself once one fails (it never
+  restarts them: ``--max-restarts 0``); each worker gets a few seconds after SIGTERM to report what
+  it was waiting on (``planner.runtime.worker``). The agent runs through this module
+  (``python -m planner.runtime.launcher FAILURES -- TORCHRUN-ARGS``, which is ``torch.distributed.run``'s
+  own parser and ``run``), so the failed ranks and their exit codes or signals come back as JSON
+  rather than torchrun's multi-line report; the launcher joins them with each rank's last
+  ``error:`` line (torchrun's ``--redirects 3`` puts each rank's stdout and stderr in
+  ``RUN/torchrun/.../attempt_0/R/``) into one error naming the ranks, steps and actions.
+* **stall detection.** No finished step for the rank timeout plus 30 s stops everything with one
+  line that says how far each rank got.
+* **no orphans.** torchrun starts every worker in a session of its own, so killing the agent's
+  process group would leave them running: each worker writes its pid (``RUN/ranks/rank-R.json``),
+  and the launcher kills every worker's process group, then the agent's (SIGTERM first: the agent
+  then ends any worker that had not written its pid yet).
+* **one run log.** Each rank appends to ``RUN/rank-R.jsonl``; they are merged, sorted by step and
+  rank, into ``log``; progress is rank 0's count of finished steps.
 """
 
 from __future__ import annotations
@@ -13,8 +31,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,10 +43,12 @@ from pathlib import Path
 
 from planner.errors import HetplanError
 from planner.runtime.config import load_rank_config
+from planner.runtime.worker import TERM_GRACE_S  # what a worker has, after SIGTERM, to say where it was
 
 __all__ = ["LaunchResult", "launch_local"]
 
-GRACE_S = 3.0
+#: Added to the rank timeout before a job with no finished step is called stalled.
+STALL_MARGIN_S = 30.0
 
 
 @dataclass
@@ -38,36 +58,6 @@ class LaunchResult:
     log: Path | None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _kill(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.time() + 2.0
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-
-
-def _last_error(path: Path) -> str:
-    try:
-        lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    errors = [ln for ln in lines if ln.startswith("error: ")]
-    return errors[-1][len("error: ") :] if errors else (lines[-1] if lines else "")
-
-
 def launch_local(
     config_path: str | Path,
     *,
@@ -75,91 +65,108 @@ def launch_local(
     log: str | Path | None = None,
     emulate: bool = False,
     save: str | Path | None = None,
+    save_every: int | None = None,
+    keep_last: int | None = None,
     resume: str | Path | None = None,
+    resume_step: int | None = None,
     threads: int = 1,
     progress: Callable[[int, int], None] | None = None,
-    kill_rank_after: tuple[int, float] | None = None,
     blocking_allreduce: bool = False,
+    run_dir: str | Path | None = None,
+    stall_s: float | None = None,
+    kill_rank_after: tuple[int, float] | None = None,
+    kill_signal: signal.Signals = signal.SIGKILL,
+    crash_in_save: tuple[int, int] | None = None,
 ) -> LaunchResult:
-    """Run ``steps`` steps with every rank here; ``kill_rank_after=(rank, seconds)`` is for fault tests."""
+    """Train ``steps`` steps with every rank here; raise one-line :class:`HetplanError` on failure.
+
+    ``save`` saves the final state there (and after every ``save_every`` steps; ``keep_last`` keeps
+    only the newest checkpoints); ``resume`` continues from a checkpoint folder's latest (or
+    ``resume_step``'s) checkpoint, under this plan whatever plan saved it. ``run_dir`` keeps the
+    per-rank logs (default: a temporary folder, removed after a run that succeeds). ``stall_s``
+    overrides the rank timeout + 30 s after which a job with no finished step is stopped (once a
+    step has finished: until then the ranks are starting, bounded by their own timeout).
+
+    For fault tests: ``kill_rank_after=(rank, seconds)`` sends ``kill_signal`` to that rank's
+    process after that long, and not before a step has finished (so that it lands in training,
+    however long the start takes); ``crash_in_save=(rank, step)`` kills that rank in the middle of the
+    checkpoint of that step (its files written, the checkpoint not yet published).
+    """
     config = load_rank_config(config_path)
-    addresses = list(config.devices)
+    if save_every is not None and (save_every < 1 or not save):
+        raise HetplanError("needs a checkpoint folder (--save) and a number of steps >= 1", field="--save-every")
+    if keep_last is not None and (keep_last < 1 or not save):
+        raise HetplanError("needs a checkpoint folder (--save) and a count >= 1", field="--keep-last")
+    if resume_step is not None and not resume:
+        raise HetplanError("needs a checkpoint folder (--resume)", field="--resume-step")
+    nodes = list(config.nodes)
+    if any("," in n for n in nodes):
+        raise HetplanError("a node name with a comma cannot be launched here", file=config.file, field="nodes")
+    addresses = [a for n in nodes for a in config.nodes[n]]  # rank R (= LOCAL_RANK R) runs addresses[R]
     world = len(addresses)
-    work = Path(tempfile.mkdtemp(prefix="hetplan-run-"))
-    port = _free_port()
+    keep_run_dir = run_dir is not None
+    work = Path(run_dir).resolve() if run_dir else Path(tempfile.mkdtemp(prefix="hetplan-run-"))
+    work.mkdir(parents=True, exist_ok=True)
+    status = work / "ranks"
+    worker = _worker_args(config_path, nodes, steps=steps, work=work, threads=threads)
+    worker += ["--emulate"] if emulate else []
+    worker += ["--blocking-allreduce"] if blocking_allreduce else []
+    worker += ["--save", str(Path(save).resolve())] if save else []
+    worker += ["--save-every", str(save_every)] if save_every else []
+    worker += ["--keep-last", str(keep_last)] if keep_last else []
+    worker += ["--resume", str(Path(resume).resolve())] if resume else []
+    worker += ["--resume-step", str(resume_step)] if resume_step is not None else []
+    worker += ["--crash-in-save", f"{crash_in_save[0]}:{crash_in_save[1]}"] if crash_in_save else []
+    torchrun = _torchrun_args(world, work, worker)
     root = Path(__file__).resolve().parents[2]
-    env_base = dict(os.environ)
-    env_base.update(
-        {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": "0",
-            "OMP_NUM_THREADS": str(threads),
-            "PYTHONPATH": os.pathsep.join([str(root), env_base.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        }
-    )
-    procs: list[subprocess.Popen] = []
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(threads)  # set: torchrun then neither overrides it nor warns
+    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    failures = work / "failures.json"
+    command = [sys.executable, "-m", "planner.runtime.launcher", str(failures), "--", *torchrun]
     start = time.time()
-    for rank, address in enumerate(addresses):
-        env = dict(env_base, RANK=str(rank))
-        cmd = [
-            sys.executable,
-            "-m",
-            "planner.runtime.worker",
-            str(config_path),
-            "--device",
-            address,
-            "--steps",
-            str(steps),
-            "--log",
-            str(work / f"rank-{rank}.jsonl"),
-            "--backend",
-            "gloo",
-            "--threads",
-            str(threads),
-        ]
-        if emulate:
-            cmd.append("--emulate")
-        if blocking_allreduce:
-            cmd.append("--blocking-allreduce")
-        if save:
-            cmd += ["--save", str(save)]
-        if resume:
-            cmd += ["--resume", str(resume)]
-        stderr = open(work / f"rank-{rank}.err", "w", encoding="utf-8")  # noqa: SIM115 - the child owns it
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True))
-        stderr.close()
-    stall_limit = config.timeout_s + 30.0
+    with open(work / "agent.log", "w", encoding="utf-8") as agent_log:
+        agent = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=agent_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    stall_limit = stall_s if stall_s is not None else config.timeout_s + STALL_MARGIN_S
     last_progress, last_count = time.time(), -1
-    failed_at: float | None = None
     killed = False
     try:
         while True:
-            codes = [p.poll() for p in procs]
-            if kill_rank_after and not killed and time.time() - start > kill_rank_after[1]:
-                os.killpg(procs[kill_rank_after[0]].pid, signal.SIGKILL)
-                killed = True
+            code = agent.poll()
             count = _count_lines(work / "rank-0.jsonl")
             if count != last_count:
                 last_count, last_progress = count, time.time()
                 if progress:
                     progress(count, steps)
-            if all(c == 0 for c in codes):
+            if code == 0:
                 break
-            if any(c not in (None, 0) for c in codes) and failed_at is None:
-                failed_at = time.time()
-            if failed_at is not None and (time.time() - failed_at > GRACE_S or all(c is not None for c in codes)):
-                raise HetplanError(_failure_message(procs, codes, addresses, work, steps))
-            if time.time() - last_progress > stall_limit:
+            if code is not None:
+                raise HetplanError(_failure_message(work, addresses, code))
+            if kill_rank_after and not killed and count > 0 and time.time() - start > kill_rank_after[1]:
+                pid = _worker_pids(status).get(kill_rank_after[0])
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, kill_signal)
+                    killed = True
+            # before the first step the ranks start (imports, rendezvous, model): their own timeout bounds that
+            limit = stall_limit if count > 0 else max(stall_limit, config.timeout_s + STALL_MARGIN_S)
+            if time.time() - last_progress > limit:
+                _stop(agent, status)
                 raise HetplanError(
-                    f"no step finished for {stall_limit:.0f} s; stopped every rank "
-                    f"(last step logged: {last_count - 1}); "
-                    + _failure_message(procs, [p.poll() for p in procs], addresses, work, steps)
+                    f"no step finished for {limit:.0f} s; stopped every rank ({_how_far(work, addresses)})"
+                    + _details(work, addresses)
+                    + f" (rank logs: {work})"
                 )
             time.sleep(0.1)
     finally:
-        _kill(procs)
+        _stop(agent, status)
     records = []
     for rank in range(world):
         path = work / f"rank-{rank}.jsonl"
@@ -170,7 +177,91 @@ def launch_local(
     if target:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    if not keep_run_dir:
+        shutil.rmtree(work, ignore_errors=True)
     return LaunchResult(records=records, wall_s=time.time() - start, log=target)
+
+
+# -- the command --------------------------------------------------------------------------------------
+
+
+def _worker_args(config_path: str | Path, nodes: list[str], *, steps: int, work: Path, threads: int) -> list[str]:
+    """The worker's arguments every launch passes (torchrun's ``-m`` runs the module).
+
+    ``--node-name`` and ``--run-log`` rather than ``--node`` and ``--log``: torchrun's parser reads
+    every argument and refuses a prefix of its own options (``--node-rank``, ``--log-dir``).
+    """
+    return [
+        "-m",
+        "planner.runtime.worker",
+        str(Path(config_path).resolve()),
+        "--node-name",
+        ",".join(nodes),
+        "--steps",
+        str(steps),
+        "--run-log",
+        str(work / "rank-{rank}.jsonl"),
+        "--backend",
+        "gloo",
+        "--threads",
+        str(threads),
+        "--status-dir",
+        str(work / "ranks"),
+    ]
+
+
+def _torchrun_args(world: int, work: Path, worker: list[str]) -> list[str]:
+    """torchrun's arguments: one standalone node, no restarts, each rank's output in a file."""
+    return [
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(world),
+        "--max-restarts",
+        "0",
+        "--redirects",
+        "3",
+        "--log-dir",
+        str(work / "torchrun"),
+        *worker,
+    ]
+
+
+# -- the processes -----------------------------------------------------------------------------------
+
+
+def _worker_pids(status: Path) -> dict[int, int]:
+    """rank -> pid of every worker that has said who it is."""
+    pids: dict[int, int] = {}
+    for path in status.glob("rank-*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            record = json.loads(path.read_text(encoding="utf-8"))
+            pids[int(record["rank"])] = int(record["pid"])
+    return pids
+
+
+def _killpg(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _stop(agent: subprocess.Popen, status: Path) -> None:
+    """End the job: every worker's process group, then the agent's. Nothing once the agent has
+    ended by itself: it has ended and reaped its workers (and their pids may be reused)."""
+    if agent.poll() is not None:
+        return
+    for pid in _worker_pids(status).values():  # the agent is alive, so these are its unreaped children
+        _killpg(pid, signal.SIGKILL)
+    _killpg(agent.pid, signal.SIGTERM)  # it ends any worker that had not written its pid yet
+    try:
+        agent.wait(timeout=TERM_GRACE_S + 2.0)
+    except subprocess.TimeoutExpired:
+        _killpg(agent.pid, signal.SIGKILL)
+        agent.wait()
+
+
+# -- what to say ---------------------------------------------------------------------------------------
 
 
 def _count_lines(path: Path) -> int:
@@ -181,23 +272,107 @@ def _count_lines(path: Path) -> int:
         return 0
 
 
-def _failure_message(procs, codes, addresses, work: Path, steps: int) -> str:
+def _rank_stderr(work: Path, rank: int) -> Path | None:
+    """torchrun's file for the stderr of local rank ``rank`` (the global rank: one agent)."""
+    found = sorted((work / "torchrun").glob(f"*/attempt_*/{rank}/stderr.log"))
+    return found[-1] if found else None
+
+
+def _lines(path: Path | None) -> list[str]:
+    if path is None:
+        return []
+    try:
+        return [ln.strip() for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return []
+
+
+def _last_error(path: Path | None) -> str:
+    """The rank's last ``error:`` line (what a worker prints before it exits with code 3)."""
+    errors = [ln for ln in _lines(path) if ln.startswith("error: ")]
+    return errors[-1][len("error: ") :] if errors else ""
+
+
+def _stopped(line: str) -> bool:
+    """A rank's line that says only that it was stopped because another one failed."""
+    return ": stopped by SIGTERM" in line
+
+
+def _as_rank_line(rank: int, addresses: list[str], text: str) -> str:
+    return text if text.startswith("rank ") else f"rank {rank} ({addresses[rank]}): {text}"
+
+
+def _failure_message(work: Path, addresses: list[str], agent_code: int) -> str:
+    failed: dict[int, dict] = {}
+    with contextlib.suppress(OSError, ValueError):
+        failed = {int(r): f for r, f in json.loads((work / "failures.json").read_text(encoding="utf-8")).items()}
+    errors = {rank: _last_error(_rank_stderr(work, rank)) for rank in range(len(addresses))}
     parts = []
-    order = sorted(range(len(codes)), key=lambda r: (codes[r] is None or codes[r] >= 0, r))  # the dead first
-    for rank in order:
-        code = codes[rank]
-        if code in (None, 0):
-            continue
-        reason = _last_error(work / f"rank-{rank}.err")
-        if code < 0:
-            parts.append(f"rank {rank} ({addresses[rank]}) died ({signal.Signals(-code).name})")
-        elif reason:
-            parts.append(reason if reason.startswith("rank ") else f"rank {rank} ({addresses[rank]}): {reason}")
-        else:
-            parts.append(f"rank {rank} ({addresses[rank]}) exited with code {code}")
-    for rank, _p in enumerate(procs):
-        if codes[rank] is None:
-            reason = _last_error(work / f"rank-{rank}.err")
-            if reason:
-                parts.append(reason)
-    return "the run stopped: " + "; ".join(dict.fromkeys(parts)) if parts else "the run stopped"
+    # the ranks torchrun saw fail first, those killed by a signal before those that exited
+    for rank in sorted(failed, key=lambda r: (failed[r].get("exitcode", 0) >= 0, r)):
+        code = failed[rank].get("exitcode")
+        text = errors.get(rank, "")
+        if text and not _stopped(text):
+            parts.append(_as_rank_line(rank, addresses, text))
+        elif isinstance(code, int) and code < 0:
+            parts.append(f"rank {rank} ({addresses[rank]}) died ({failed[rank].get('signal') or f'signal {-code}'})")
+        else:  # no error line: a crash before the worker could report (an import error, say)
+            last = _lines(_rank_stderr(work, rank))
+            parts.append(f"rank {rank} ({addresses[rank]}) exited with code {code}" + (f": {last[-1]}" if last else ""))
+    parts += [_as_rank_line(r, addresses, t) for r, t in errors.items() if t and r not in failed and not _stopped(t)]
+    if not parts:  # the agent itself failed (bad arguments, a rendezvous that never completed, ...)
+        agent_lines = _lines(work / "agent.log")
+        agent_line = agent_lines[-1] if agent_lines else f"exit code {agent_code}"
+        parts.append(f"torchrun's agent failed: {agent_line}")
+    return "the run stopped: " + "; ".join(dict.fromkeys(parts)) + f" (rank logs: {work})"
+
+
+def _how_far(work: Path, addresses: list[str]) -> str:
+    """Each rank's number of finished steps: the ranks behind are where to look."""
+    counts = [_count_lines(work / f"rank-{r}.jsonl") for r in range(len(addresses))]
+    return "finished steps per rank: " + ", ".join(f"{a} {n}" for a, n in zip(addresses, counts, strict=True))
+
+
+def _details(work: Path, addresses: list[str]) -> str:
+    lines = [
+        _as_rank_line(r, addresses, t)
+        for r in range(len(addresses))
+        if (t := _last_error(_rank_stderr(work, r))) and not _stopped(t)
+    ]
+    return ("; " + "; ".join(dict.fromkeys(lines))) if lines else ""
+
+
+# -- the agent: torchrun, with the failures it saw written as JSON ------------------------------------
+
+
+def _agent(argv: list[str]) -> int:
+    """``python -m planner.runtime.launcher FAILURES -- TORCHRUN-ARGS``: torchrun's parser and ``run``.
+
+    On a worker failure torchrun raises ``ChildFailedError`` with every failed rank's exit code;
+    written as JSON it spares the launcher parsing torchrun's report (which goes to the agent log).
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    failures, rest = Path(argv[0]), argv[2:] if argv[1:2] == ["--"] else argv[1:]
+    try:
+        run(parse_args(rest))
+    except ChildFailedError as exc:
+        report = {
+            str(rank): {
+                "exitcode": f.exitcode,
+                "signal": f.signal_name() if f.exitcode < 0 else None,
+                "pid": f.pid,
+            }
+            for rank, f in exc.failures.items()
+        }
+        tmp = failures.with_name(failures.name + ".tmp")
+        tmp.write_text(json.dumps(report), encoding="utf-8")
+        os.replace(tmp, failures)
+        print(f"torchrun: {exc.get_first_failure()[1]}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_agent(sys.argv[1:]))

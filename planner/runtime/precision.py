@@ -4,8 +4,10 @@
     with precision.autocast(device):
         y = run_blocks(blocks, x, precision)
     precision.scale(loss).backward()
-    precision.accumulate(params)            # after each backward: .grad -> fp32 buffers
-    ok = precision.step(nonfinite=...)      # unscale, step the fp32 master copy, copy back
+    precision.accumulate_one(p)             # per parameter after its backward: .grad -> fp32 buffer
+    sq = precision.grad_sq_sum(params)      # for the global gradient norm (all-reduced by the caller)
+    precision.set_lr(schedule.lr_at(step))
+    ok = precision.step(nonfinite_anywhere=..., clip_coef=...)   # unscale, clip, step, copy back
 
 What the memory model assumes (planner/simulate/memory.py) is what this holds. fp32 plans train the
 parameters directly, as before. fp16 and bf16 plans keep the **weights** at the plan's dtype (the
@@ -18,6 +20,13 @@ buffers. fp16 adds dynamic loss scaling (the defaults of ``torch.amp.GradScaler`
 halve and skip the step when any gradient on any rank is not finite, double after 2000 good steps);
 the skip must be decided by every rank together, so the caller counts non-finite values across the
 job (an all-reduce) and passes the total to :meth:`Precision.step`.
+
+Global-norm clipping needs the norm of the whole model's *unscaled* gradient, which only the job
+knows: each rank adds up the squares of the gradients it counts (:meth:`Precision.grad_sq_sum`, on
+the gradients as held, scaled by the loss scale under fp16: the scale is the same on every rank, so
+the caller divides the all-reduced norm by it), and :meth:`Precision.step` unscales and clips in one
+multiplication (``clip_coef / scale``) before stepping, which is what unscaling first and then
+clipping does (the scale is a power of two).
 
 Block boundaries carry the compute dtype: every block's floating-point output is cast to it, in the
 runtime and in the single-process reference alike, so where a plan cuts the model does not change
@@ -65,7 +74,15 @@ class LossScaler:
 class Precision:
     """The weights, gradient buffers, master copy, optimizer and loss scale of one rank."""
 
-    def __init__(self, dtype: str, params: Sequence[nn.Parameter], *, optimizer: str, lr: float) -> None:
+    def __init__(
+        self,
+        dtype: str,
+        params: Sequence[nn.Parameter],
+        *,
+        optimizer: str,
+        lr: float,
+        weight_decay: float | None = None,
+    ) -> None:
         self.dtype = dtype
         self.torch_dtype = TORCH_DTYPES[dtype]
         self.mixed = dtype in ("fp16", "bf16")
@@ -74,12 +91,13 @@ class Precision:
         if self.mixed:
             self.master = [nn.Parameter(p.detach().float().clone()) for p in self.params]
             self.main_grads = [torch.zeros_like(m) for m in self.master]
-            self.optimizer = make_optimizer(optimizer, self.master, lr)
+            self.optimizer = make_optimizer(optimizer, self.master, lr, weight_decay=weight_decay)
         else:
             self.master = self.params
             self.main_grads = []
-            self.optimizer = make_optimizer(optimizer, self.params, lr)
+            self.optimizer = make_optimizer(optimizer, self.params, lr, weight_decay=weight_decay)
         self._index = {id(p): i for i, p in enumerate(self.params)}
+        self._unscaled = False  # the optimizer's gradients are made (unscaled, clipped) this step
 
     @staticmethod
     def cast_model(blocks: Sequence[nn.Module], dtype: str) -> None:
@@ -121,14 +139,46 @@ class Precision:
                 return 1
         return 0
 
-    def step(self, *, nonfinite_anywhere: int) -> bool:
-        """Unscale, step (unless a gradient anywhere overflowed), reset gradients; True if stepped."""
+    def grad_sq_sum(self, params: Sequence[nn.Parameter]) -> torch.Tensor:
+        """The sum of squares of ``params``' gradients as held (times the loss scale squared under
+        fp16), a float64 scalar on their device: this rank's share of the squared global norm.
+
+        Per tensor the 2-norm in fp32 (as ``clip_grad_norm_``), squared and added up in float64,
+        so that the sum over ranks does not depend on how the model was cut.
+        """
+        grads = [g for g in (self.grad_of(p) for p in params) if g is not None]  # None: not reached
+        if not grads:
+            device = params[0].device if params else torch.device("cpu")
+            return torch.zeros((), dtype=torch.float64, device=device)
+        norms = torch.stack([torch.linalg.vector_norm(g, 2, dtype=torch.float32) for g in grads])
+        return norms.double().square().sum()
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next step (every parameter group)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def unscale_(self, clip_coef: float = 1.0) -> None:
+        """Make the gradients the optimizer steps: the fp32 buffers (or fp32 ``.grad``) times
+        ``clip_coef`` and divided by the loss scale, in one multiplication. Once per step."""
+        if self._unscaled:
+            return
+        factor = clip_coef / self.scaler.scale if self.scaler.enabled else clip_coef
+        if self.mixed:
+            for m, g in zip(self.master, self.main_grads, strict=True):
+                m.grad = g.mul_(factor) if factor != 1.0 else g
+        elif factor != 1.0:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+        self._unscaled = True
+
+    def step(self, *, nonfinite_anywhere: int, clip_coef: float = 1.0) -> bool:
+        """Unscale and clip (by ``clip_coef``, the same on every rank), step (unless a gradient
+        anywhere overflowed), reset gradients; True if stepped."""
         finite = nonfinite_anywhere == 0
         if finite:
-            if self.mixed:
-                inv = 1.0 / self.scaler.scale
-                for m, g in zip(self.master, self.main_grads, strict=True):
-                    m.grad = g.mul_(inv) if self.scaler.enabled else g
+            self.unscale_(clip_coef)
             self.optimizer.step()
             if self.mixed:
                 with torch.no_grad():
@@ -139,6 +189,7 @@ class Precision:
         return finite
 
     def zero_grad(self) -> None:
+        self._unscaled = False
         if self.mixed:
             for m in self.master:
                 m.grad = None

@@ -4,15 +4,25 @@ One runtime step must equal one step of this: within float32 rounding for fp32 p
 bf16 plans, in the same precision (half-precision weights under autocast, fp32 master weights and
 optimizer state, the same loss scaling), within the tolerance docs/runtime.md states, since the
 runtime adds up per-micro-batch gradients where this takes one backward over the whole batch.
+
+It reads the same samples in the same order as the runtime (positions ``[0, B)`` of each step's
+global batch, :mod:`planner.runtime.data`), and clips with torch's own
+``torch.nn.utils.clip_grad_norm_`` on the unscaled gradients, so a test against it checks the
+runtime's norm across ranks, not the same code twice.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from planner.models import resolve_model
+from planner.runtime.data import open_samples
+from planner.runtime.lr_schedule import LrSchedule
 from planner.runtime.precision import Precision, run_blocks
-from planner.runtime.textdata import batches_for
 
 __all__ = ["train_reference"]
 
@@ -29,18 +39,37 @@ def train_reference(
     blocks: list[torch.nn.Module] | None = None,
     data: str | None = None,
     dtype: str = "fp32",
+    dataset: str | None = None,
+    dataset_kwargs: Mapping[str, Any] | None = None,
+    weight_decay: float | None = None,
+    clip_grad_norm: float | None = None,
+    lr_schedule: LrSchedule | None = None,
+    history: list[dict[str, Any]] | None = None,
 ) -> tuple[list[float], list[torch.nn.Module]]:
-    """Losses (mean over the global batch) per step, and the trained blocks."""
+    """Losses (mean over the global batch) per step, and the trained blocks.
+
+    ``history``, when given, receives per step what the run log records: ``lr``, ``grad_norm``
+    (before clipping; None when not finite) and ``clipped``.
+    """
     zoo = resolve_model(model)
-    batches = batches_for(model, zoo, data)
+    samples = open_samples(
+        model,
+        zoo,
+        global_batch=global_batch,
+        seed=seed,
+        data=data,
+        dataset=dataset,
+        dataset_kwargs=dataset_kwargs,
+    )
+    schedule = lr_schedule or LrSchedule(lr)
     blocks = blocks or zoo.build_blocks(0, zoo.n_blocks, seed)
     Precision.cast_model(blocks, dtype)
     params = [p for b in blocks for p in b.parameters()]
-    precision = Precision(dtype, params, optimizer=optimizer, lr=lr)
+    precision = Precision(dtype, params, optimizer=optimizer, lr=lr, weight_decay=weight_decay)
     device = params[0].device if params else torch.device("cpu")
     losses = []
     for step in range(start_step, start_step + steps):
-        inputs, targets = batches.sample_batch(global_batch, seed=seed, step=step)
+        inputs, targets = samples.step(step).rows(0, global_batch)
         precision.zero_grad()
         with precision.autocast(device):
             x = run_blocks(blocks, inputs, precision.torch_dtype)
@@ -48,6 +77,19 @@ def train_reference(
         precision.scale(loss).backward()
         for p in params:
             precision.accumulate_one(p)
-        precision.step(nonfinite_anywhere=precision.nonfinite())
+        nonfinite = precision.nonfinite()
+        norm = math.nan
+        if nonfinite == 0:
+            precision.unscale_()  # the optimizer's gradients, unscaled (fp16), then clipped in place
+            limit = clip_grad_norm if clip_grad_norm is not None else math.inf
+            norm = float(torch.nn.utils.clip_grad_norm_(precision.master, limit, foreach=False))
+        lr_now = schedule.lr_at(step)
+        precision.set_lr(lr_now)
+        precision.step(nonfinite_anywhere=nonfinite)
         losses.append(float(loss.detach()))
+        if history is not None:
+            record: dict[str, Any] = {"lr": lr_now, "grad_norm": norm if math.isfinite(norm) else None}
+            if clip_grad_norm is not None:
+                record["clipped"] = math.isfinite(norm) and clip_grad_norm / (norm + 1e-6) < 1.0
+            history.append(record)
     return losses, blocks

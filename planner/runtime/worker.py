@@ -1,35 +1,124 @@
-"""One rank: ``python -m planner.runtime.worker RANK_CONFIG (--node NAME | --device NODE/INDEX) --steps N``.
+"""One rank: ``python -m planner.runtime.worker RANK_CONFIG (--node-name NAME | --device NODE/INDEX) --steps N``.
 
-Launched by torchrun (one process per device of a node: the device is the node's LOCAL_RANK-th) or by
-``hetplan launch`` (which names the device). Ranks exchange their device addresses after joining, so
-torchrun's rank order does not matter. On any failure the rank prints one line naming itself, the
-step and the action it was waiting on, and exits with code 3.
+Launched by torchrun, one process per device: the device is the ``LOCAL_RANK``-th of
+``--node-name``'s devices (``--node-name a,b`` lists several nodes' devices in that order, which is
+how ``hetplan launch`` runs a plan of several nodes under one standalone torchrun here), or named by
+``--device``. (``--node`` and ``--log`` are the older spellings of ``--node-name`` and
+``--run-log``; torchrun's parser refuses them as ambiguous prefixes of its own options.) Ranks
+exchange their device addresses after joining, so torchrun's rank order does not matter. On any
+failure the rank prints one line naming itself, the step and the action it was waiting on, and
+exits with code 3.
+
+SIGTERM (torchrun's agent ends the other workers when one fails) does not end a rank at once: it
+has a few seconds to report what it was waiting on (a receive from a dead peer fails within
+milliseconds), then it ends with a line saying where it was stopped.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["TERM_GRACE_S", "main"]
 
 # the torch profiler (the CPU peak-memory measurement) prints its start and stop on stderr unless
 # told otherwise before torch loads; a rank's stderr is for its one-line errors
 os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
+#: Seconds a rank keeps going after SIGTERM, to report what it was waiting on before it ends.
+TERM_GRACE_S = 3.0
 
-def run(args: argparse.Namespace) -> None:
+
+@dataclass
+class _Where:
+    """Where this rank is, for the line it prints when it is stopped from outside."""
+
+    rank: int | None = None
+    address: str | None = None
+    step: int | None = None
+    doing: str = "starting"
+
+    def __str__(self) -> str:
+        who = f"rank {self.rank if self.rank is not None else '?'}" + (f" ({self.address})" if self.address else "")
+        return who + (f" step {self.step}" if self.step is not None else "")
+
+
+def _stop_after_grace_on_sigterm(where: _Where) -> None:
+    """Turn SIGTERM into "end in TERM_GRACE_S seconds", however the main thread is blocked.
+
+    A Python handler would run only once the main thread leaves a blocking collective; instead
+    SIGTERM is blocked in every thread (this runs before torch starts any) and one thread waits for
+    it with ``sigwait``.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX: keep the default (end at once)
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def watch() -> None:
+        signal.sigwait({signal.SIGTERM})
+        time.sleep(TERM_GRACE_S)
+        print(f"error: {where}: stopped by SIGTERM while {where.doing}", file=sys.stderr, flush=True)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="hetplan-sigterm", daemon=True).start()
+
+
+def _address_of(config, args: argparse.Namespace) -> str:
+    """This rank's device: ``--device``, or the LOCAL_RANK-th device of the ``--node`` list."""
+    from planner.errors import HetplanError
+
+    if args.device:
+        address = args.device
+    else:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        devices: list[str] = []
+        for node in args.node.split(","):
+            if node not in config.nodes:
+                raise HetplanError(
+                    f"node {node!r} is not in the rank config (nodes: {', '.join(config.nodes)})",
+                    file=config.file,
+                    field="nodes",
+                )
+            devices += config.nodes[node]
+        if not 0 <= local < len(devices):
+            raise HetplanError(
+                f"node {args.node!r} has no device for LOCAL_RANK {local} in the rank config",
+                file=config.file,
+                field="nodes",
+            )
+        address = devices[local]
+    if address not in config.devices:
+        raise HetplanError(f"device {address} is not in the plan", file=config.file, field="devices")
+    return address
+
+
+def _write_status(folder: str, rank: int) -> None:
+    """``rank-R.json`` (rank, pid) for a supervising launcher: how it reaches this process, which
+    torchrun starts in a session of its own. Written first thing, before torch loads."""
+    target = Path(folder)
+    target.mkdir(parents=True, exist_ok=True)
+    record = {"rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "pid": os.getpid()}
+    tmp = target / f"rank-{rank}.json.tmp"
+    tmp.write_text(json.dumps(record), encoding="utf-8")
+    os.replace(tmp, target / f"rank-{rank}.json")
+
+
+def run(args: argparse.Namespace, where: _Where) -> None:
     import torch
     import torch.distributed as dist
 
     from planner.contracts.runlog import RUNLOG_SCHEMA
     from planner.errors import HetplanError
-    from planner.runtime.checkpoint import load_blocks, save_blocks
+    from planner.runtime.checkpoint import load_checkpoint
     from planner.runtime.comm import RankFailureError
     from planner.runtime.config import load_rank_config
     from planner.runtime.executor import RankExecutor
@@ -38,20 +127,7 @@ def run(args: argparse.Namespace) -> None:
     from planner.schedule.compile import compile_plan
 
     config = load_rank_config(args.config)
-    if args.device:
-        address = args.device
-    else:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        try:
-            address = config.nodes[args.node][local]
-        except (KeyError, IndexError):
-            raise HetplanError(
-                f"node {args.node!r} has no device for LOCAL_RANK {local} in the rank config",
-                file=config.file,
-                field="nodes",
-            ) from None
-    if address not in config.devices:
-        raise HetplanError(f"device {address} is not in the plan", file=config.file, field="devices")
+    address = where.address = _address_of(config, args)
     backend = args.backend or config.backend
     if backend == "nccl" and not torch.cuda.is_available():
         raise HetplanError("backend nccl needs CUDA, and this machine has none; use --backend gloo", field="--backend")
@@ -63,8 +139,9 @@ def run(args: argparse.Namespace) -> None:
         torch.backends.cuda.matmul.allow_tf32 = config.dtype == "tf32"
         torch.backends.cudnn.allow_tf32 = config.dtype == "tf32"
     torch.set_num_threads(args.threads)
+    where.doing = "joining the job"
     dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s))
-    rank = dist.get_rank()
+    rank = where.rank = dist.get_rank()
     addresses: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(addresses, address)
     missing = sorted(set(config.devices) - set(addresses))
@@ -85,20 +162,36 @@ def run(args: argparse.Namespace) -> None:
             file=config.file,
             field=f"devices[{address}].actions",
         )
+    # checkpoint coordination moves Python objects: on a gloo group (the default one on CPU), created
+    # before the executor's groups so that every rank creates its groups in the same order
+    ckpt_group = dist.new_group(backend="gloo") if args.save and backend != "gloo" else None
     executor = RankExecutor(
         config, compiled, address, rank_of, device, emulate=args.emulate, blocking_allreduce=args.blocking_allreduce
     )
     start_step = 0
     if args.resume:
-        start_step = load_blocks(args.resume, executor.blocks, executor.precision, names=executor.names)
-    log = open(args.log, "a", encoding="utf-8") if args.log else None  # noqa: SIM115 - closed below
+        where.doing = "loading the checkpoint"
+        restored = load_checkpoint(
+            args.resume,
+            executor.blocks,
+            executor.precision,
+            names=executor.names,
+            step=args.resume_step,
+            model=config.model,
+        )
+        start_step = restored.step
+    end_step = start_step + args.steps
+    saver = _Saver(args, config, compiled, executor, rank_of, ckpt_group, where) if args.save else None
+    log_path = args.log.replace("{rank}", str(rank)) if args.log else None
+    log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115 - closed below
     entry = config.devices[address]
     try:
         # peak tensor memory: on CUDA every step (the allocator keeps the peak); on CPU one step under
         # the profiler's memory tracking, the second of the run once the optimizer state exists
         measured_step = start_step + (1 if args.steps > 1 else 0)
         peak: float | None = None
-        for step in range(start_step, start_step + args.steps):
+        for step in range(start_step, end_step):
+            where.step, where.doing = step, "training"
             try:
                 if device.type == "cuda" or step == measured_step:
                     peak, stats = measure_peak(
@@ -127,20 +220,83 @@ def run(args: argparse.Namespace) -> None:
             if config.dtype == "fp16":
                 record["loss_scale"] = stats.extra["loss_scale"]
                 record["skipped_step"] = stats.skipped
+            record.update(getattr(stats, "log", None) or {})  # the executor's optional keys (lr, ...)
             if executor.slowdown > 1.0:
                 record["emulated_slowdown"] = executor.slowdown
             if log:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
-        if args.save:
-            dist.barrier()
-            owned = {i: b for i, b in executor.blocks.items() if min(rank_of[a] for a in _holders(compiled, i)) == rank}
-            save_blocks(args.save, owned, executor.precision, step=start_step + args.steps, names=executor.names)
-            dist.barrier()
+            if saver and args.save_every and (step + 1) % args.save_every == 0:
+                saver.save(step + 1)
+        if saver and saver.last != end_step:
+            saver.save(end_step)
     finally:
         if log:
             log.close()
     dist.destroy_process_group()
+
+
+class _Saver:
+    """Periodic and final checkpoints: each rank saves the blocks it is the first holder of."""
+
+    def __init__(self, args, config, compiled, executor, rank_of: dict[str, int], group, where: _Where) -> None:
+        import torch.distributed as dist
+
+        self.args, self.executor, self.group, self.where = args, executor, group, where
+        self.rank = dist.get_rank()
+        self.last: int | None = None
+        names = executor.names
+        address_of = {r: a for a, r in rank_of.items()}
+        writer = {i: min(rank_of[a] for a in _holders(compiled, i)) for i in range(config.n_blocks)}
+        self.owned = [i for i in executor.blocks if writer[i] == self.rank]
+        plan = json.dumps(
+            {"global_batch": config.global_batch, "pipelines": [p.to_dict() for p in config.plan.pipelines]},
+            sort_keys=True,
+        )
+        self.info = {
+            "model": config.model,
+            "dtype": config.dtype,
+            "optimizer": config.optimizer,
+            "plan": {
+                "sha256": hashlib.sha256(plan.encode()).hexdigest(),
+                "schedule": config.schedule,
+                "pipelines": len(config.plan.pipelines),
+                "devices": len(rank_of),
+            },
+            "blocks": {
+                names[i]: {"index": i, "rank": writer[i], "device": address_of[writer[i]]}
+                for i in range(config.n_blocks)
+            },
+        }
+        crash = args.crash_in_save
+        self.crash_step = int(crash.split(":")[1]) if crash and int(crash.split(":")[0]) == self.rank else None
+
+    def save(self, step: int) -> None:
+        from planner.errors import HetplanError
+        from planner.runtime.checkpoint import checkpoint_state, save_checkpoint, step_folder
+        from planner.runtime.comm import RankFailureError
+
+        self.where.doing = f"saving checkpoint {step_folder(step)}"
+        scaler = self.executor.precision.scaler
+        info = {**self.info, "loss_scale": {"scale": scaler.scale, "good_steps": scaler.good_steps}}
+        state = checkpoint_state(
+            {i: self.executor.blocks[i] for i in self.owned}, self.executor.precision, self.executor.names
+        )
+        # fault tests: this rank dies once its files are written, before the checkpoint is published
+        die = (lambda: os.kill(os.getpid(), signal.SIGKILL)) if step == self.crash_step else None
+        try:
+            save_checkpoint(
+                self.args.save,
+                state,
+                step=step,
+                info=info,
+                group=self.group,
+                keep_last=self.args.keep_last,
+                after_write=die,
+            )
+        except HetplanError as exc:
+            raise RankFailureError(f"{self.where}: {exc}") from None
+        self.last = step
 
 
 def _holders(compiled, block: int) -> tuple[str, ...]:
@@ -150,16 +306,25 @@ def _holders(compiled, block: int) -> tuple[str, ...]:
     return ()
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m planner.runtime.worker", description=__doc__)
     parser.add_argument("config")
-    parser.add_argument("--node", default=None)
-    parser.add_argument("--device", default=None)
+    # --node-name and --run-log, not --node and --log, under torchrun: its own parser reads the
+    # worker's arguments too and refuses a prefix of its options (--node-rank, --log-dir) as ambiguous
+    parser.add_argument(
+        "--node-name", "--node", dest="node", default=None, help="this node's name (several: comma-separated, in order)"
+    )
+    parser.add_argument("--device", default=None, help="the device NODE/INDEX (instead of --node and LOCAL_RANK)")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--log", default=None)
+    parser.add_argument(
+        "--run-log", "--log", dest="log", default=None, help="run log (JSON lines); '{rank}' in it becomes the rank"
+    )
     parser.add_argument("--emulate", action="store_true")
-    parser.add_argument("--save", default=None)
-    parser.add_argument("--resume", default=None)
+    parser.add_argument("--save", default=None, help="checkpoint folder: the final state is saved there")
+    parser.add_argument("--save-every", type=int, default=None, help="also save after every N steps")
+    parser.add_argument("--keep-last", type=int, default=None, help="keep only the newest K checkpoints")
+    parser.add_argument("--resume", default=None, help="checkpoint folder to resume from (its latest)")
+    parser.add_argument("--resume-step", type=int, default=None, help="resume from this step's checkpoint")
     parser.add_argument("--backend", default=None, choices=("gloo", "nccl"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
@@ -167,13 +332,28 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="issue each all-reduce at its AR action and wait there (for benchmarks: the old behaviour)",
     )
+    parser.add_argument("--status-dir", default=None, help="write rank-R.json (rank, pid) here, for a launcher")
+    parser.add_argument("--crash-in-save", default=None, help=argparse.SUPPRESS)  # RANK:STEP, for fault tests
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = _parser()
     args = parser.parse_args(argv)
     if not args.node and not args.device:
-        parser.error("give --node NAME (under torchrun) or --device NODE/INDEX")
-    if args.log and not args.device:
-        args.log = str(Path(args.log))
+        parser.error("give --node-name NAME (under torchrun) or --device NODE/INDEX")
+    if args.save_every is not None and (args.save_every < 1 or not args.save):
+        parser.error("--save-every needs --save and a number of steps >= 1")
+    if args.keep_last is not None and (args.keep_last < 1 or not args.save):
+        parser.error("--keep-last needs --save and a count >= 1")
+    if args.resume_step is not None and not args.resume:
+        parser.error("--resume-step needs --resume")
+    where = _Where(rank=int(os.environ.get("RANK", "0")) if os.environ.get("RANK", "0").isdigit() else None)
+    _stop_after_grace_on_sigterm(where)
     try:
-        run(args)
+        if args.status_dir:
+            _write_status(args.status_dir, where.rank or 0)
+        run(args, where)
     except Exception as exc:
         from planner.errors import HetplanError
         from planner.runtime.comm import RankFailureError
@@ -184,7 +364,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {first}", file=sys.stderr, flush=True)
         sys.stderr.flush()
         os._exit(3)  # no lingering threads or process-group teardown that could hang
-    time.sleep(0)
 
 
 if __name__ == "__main__":

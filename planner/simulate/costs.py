@@ -18,7 +18,7 @@ __all__ = ["OPTIMIZER_STEP_BYTES", "CostModel", "hierarchical_allreduce_time", "
 #: Bytes of memory traffic per parameter for one optimizer step in fp32 (read and write):
 #: SGD reads w, g and writes w (12); momentum adds the buffer read+write (20); Adam reads w, g, m, v
 #: and writes w, m, v (28). The step is memory-bound, so its time is traffic / memory bandwidth.
-OPTIMIZER_STEP_BYTES = {"sgd": 12.0, "momentum": 20.0, "adam": 28.0}
+OPTIMIZER_STEP_BYTES = {"sgd": 12.0, "momentum": 20.0, "adam": 28.0, "adamw": 28.0}
 
 
 def ring_allreduce_time(nbytes: float, n: int, link: Link) -> float:

@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 #: fp32 optimizer state per parameter: SGD none, momentum one buffer, Adam two moments.
-OPTIMIZER_STATE_BYTES = {"sgd": 0.0, "momentum": 4.0, "adam": 8.0}
+OPTIMIZER_STATE_BYTES = {"sgd": 0.0, "momentum": 4.0, "adam": 8.0, "adamw": 8.0}
 #: Size of an fp32 element: master weights, gradient accumulation buffers, optimizer state.
 FP32_BYTES = 4.0
 #: Dtypes the runtime trains with half-precision weights and an fp32 master copy.

@@ -1,14 +1,17 @@
 """Draw a simulated iteration: one row per device, forward / backward / transfer / sync coloured.
 
     result = simulate(plan, profile, cluster, timeline=True)
-    write_timeline(result, "plan.svg", title="gpt on mixed-a100-v100")   # or "plan.png"
+    write_timeline(result, "plan.svg", title="gpt on mixed-a100-v100", cluster=cluster)  # or "plan.png"
 
 Compute fills the upper part of a device's row; its outgoing transfers and its all-reduces are
 drawn as a thin band under it, so overlap of communication with compute is visible at a glance.
+Given the cluster, the subtitle says when device speeds are emulated (DESIGN.md: emulation is
+labelled everywhere it shows).
 
 One layout (:func:`layout`: rectangles, lines and text in pixel coordinates) is drawn two ways:
-as SVG text, and rasterised to PNG by :mod:`planner.simulate.png` (numpy and zlib only, with a 5x7
-bitmap font), so the two pictures agree.
+as SVG text here, and as PNG by matplotlib (:mod:`planner.simulate.png`, an optional extra), so the
+two pictures agree. To explore an iteration rather than look at it, write a Chrome trace instead
+(:mod:`planner.simulate.trace`) and open it in Perfetto.
 """
 
 from __future__ import annotations
@@ -17,11 +20,21 @@ from html import escape
 from pathlib import Path
 from typing import NamedTuple
 
+from planner.contracts.cluster import Cluster
 from planner.errors import HetplanError
-from planner.simulate.png import Canvas
 from planner.simulate.simulator import SimResult
 
-__all__ = ["COLOURS", "LEGEND", "Layout", "bar_box", "layout", "render_png", "render_svg", "write_timeline"]
+__all__ = [
+    "COLOURS",
+    "LEGEND",
+    "Layout",
+    "bar_box",
+    "check_timeline_path",
+    "layout",
+    "render_png",
+    "render_svg",
+    "write_timeline",
+]
 
 COLOURS = {"F": "#4C78A8", "B": "#54A24B", "step": "#9D755D", "send": "#F58518", "allreduce": "#B279A2"}
 LEGEND = {"F": "forward", "B": "backward", "send": "transfer", "allreduce": "gradient all-reduce", "step": "optimizer"}
@@ -82,7 +95,17 @@ def bar_box(
     return x, y + row_height * 0.68, w, row_height * 0.28
 
 
-def layout(result: SimResult, *, title: str = "", width: int = 1200, row_height: int = 22) -> Layout:
+def _emulation_note(result: SimResult, cluster: Cluster | None) -> str:
+    """``; EMULATED device speeds: cpu-slow (emulated: cpu 3x slower)`` when a device is emulated."""
+    if cluster is None:
+        return ""
+    labels = dict.fromkeys(cluster.device(a).type.label() for a in result.devices if cluster.device(a).type.emulated)
+    return f"; EMULATED device speeds: {', '.join(labels)}" if labels else ""
+
+
+def layout(
+    result: SimResult, *, title: str = "", width: int = 1200, row_height: int = 22, cluster: Cluster | None = None
+) -> Layout:
     """The timeline picture as shapes in pixel coordinates (see the module docstring)."""
     if not result.timeline:
         raise HetplanError("no timeline was recorded; simulate with timeline=True")
@@ -98,7 +121,8 @@ def layout(result: SimResult, *, title: str = "", width: int = 1200, row_height:
         Text(
             10,
             38,
-            f"iteration {total * 1e3:.3f} ms, bubble {result.bubble_fraction:.1%}, bottleneck: {result.bottleneck}",
+            f"iteration {total * 1e3:.3f} ms, bubble {result.bubble_fraction:.1%}, bottleneck: {result.bottleneck}"
+            + _emulation_note(result, cluster),
         ),
     ]
     for address, i in index.items():
@@ -128,9 +152,11 @@ def layout(result: SimResult, *, title: str = "", width: int = 1200, row_height:
     return Layout(width, height, shapes)
 
 
-def render_svg(result: SimResult, *, title: str = "", width: int = 1200, row_height: int = 22) -> str:
+def render_svg(
+    result: SimResult, *, title: str = "", width: int = 1200, row_height: int = 22, cluster: Cluster | None = None
+) -> str:
     """The timeline as SVG text (self-contained, readable in any browser)."""
-    picture = layout(result, title=title, width=width, row_height=row_height)
+    picture = layout(result, title=title, width=width, row_height=row_height, cluster=cluster)
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{picture.width}" height="{picture.height}" '
         f'font-family="sans-serif" font-size="11">'
@@ -159,32 +185,38 @@ def render_svg(result: SimResult, *, title: str = "", width: int = 1200, row_hei
     return "\n".join(out) + "\n"
 
 
-def render_png(result: SimResult, *, title: str = "", width: int = 1200, row_height: int = 22) -> bytes:
-    """The same picture as :func:`render_svg`, rasterised: PNG bytes (8-bit RGB)."""
-    picture = layout(result, title=title, width=width, row_height=row_height)
-    canvas = Canvas(picture.width, picture.height)
-    for s in picture.shapes:
-        if isinstance(s, Rect):
-            canvas.rect(s.x, s.y, s.w, s.h, s.fill)
-            if s.tooltip and s.w >= 4:  # the SVG's white hairline, where a bar is wide enough to spare it
-                canvas.rect(s.x, s.y, 1, s.h, "white")
-        elif isinstance(s, Line):
-            canvas.line(s.x1, s.y1, s.x2, s.y2)
-        else:
-            canvas.text(s.x, s.y, s.text, scale=2 if s.size >= 14 else 1, anchor=s.anchor, bold=s.bold)
-    return canvas.to_png()
+def render_png(
+    result: SimResult, *, title: str = "", width: int = 1200, row_height: int = 22, cluster: Cluster | None = None
+) -> bytes:
+    """The same picture as :func:`render_svg`, as PNG bytes (needs matplotlib: ``hetplan[png]``)."""
+    from planner.simulate.png import render_png as rasterise
+
+    return rasterise(layout(result, title=title, width=width, row_height=row_height, cluster=cluster))
 
 
-def write_timeline(result: SimResult, path: str | Path, *, title: str = "") -> None:
-    """Write the timeline as ``.svg`` or ``.png`` (by the file's suffix)."""
-    target = Path(path)
-    suffix = target.suffix.lower()
+def check_timeline_path(path: str | Path) -> None:
+    """Refuse, before any work, a timeline file this module cannot write: an unknown suffix, or a
+    PNG without matplotlib."""
+    suffix = Path(path).suffix.lower()
     if suffix not in (".svg", ".png"):
         raise HetplanError(
-            f"unsupported timeline format {target.suffix!r}; use a .svg or .png file", field="--timeline"
+            f"unsupported timeline format {Path(path).suffix!r}; use a .svg or .png file (or --trace FILE.json "
+            "for Perfetto)",
+            field="--timeline",
         )
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".svg":
-        target.write_text(render_svg(result, title=title), encoding="utf-8")
+    if suffix == ".png":
+        from planner.simulate.png import require_matplotlib
+
+        require_matplotlib()
+
+
+def write_timeline(result: SimResult, path: str | Path, *, title: str = "", cluster: Cluster | None = None) -> None:
+    """Write the timeline as ``.svg`` or ``.png`` (by the file's suffix; PNG needs matplotlib)."""
+    check_timeline_path(path)
+    target = Path(path)
+    if target.suffix.lower() == ".svg":
+        data = render_svg(result, title=title, cluster=cluster).encode("utf-8")
     else:
-        target.write_bytes(render_png(result, title=title))
+        data = render_png(result, title=title, cluster=cluster)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)

@@ -19,7 +19,7 @@ from planner.errors import HetplanError
 from planner.profile.trust import Band, time_band
 from planner.units import format_bytes, format_time
 
-__all__ = ["compare_rows", "compare_table", "plan_band", "plan_json_band", "plan_summary_renderables"]
+__all__ = ["compare_table", "plan_band", "plan_json_band", "plan_summary_renderables", "with_bands"]
 
 
 def plan_band(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Band:
@@ -139,6 +139,7 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile
 
 
 def _rows_from_file(plan: Plan, band: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The baselines a plan file recorded, as compare rows (no computation: what the file says)."""
     rows: list[dict[str, Any]] = [{"name": "hetplan", "iteration_s": plan.predicted.get("iteration_s"), "speedup": 1.0}]
     if band is not None:
         rows[0]["band"] = band
@@ -150,32 +151,12 @@ def _rows_from_file(plan: Plan, band: dict[str, Any] | None = None) -> list[dict
     return rows
 
 
-def compare_rows(plan: Plan, profile: ModelProfile, cluster: Cluster) -> list[dict[str, Any]]:
-    """The plan re-simulated, beside every baseline (from the plan file, or computed now)."""
-    from planner.simulate import simulate
-
-    sim = simulate(plan, profile, cluster)
-    band = plan_band(plan, profile, cluster).to_dict()
-    # baselines may use any device of the cluster: their band covers every type in it
+def with_bands(rows: list[dict[str, Any]], plan: Plan, profile: ModelProfile, cluster: Cluster) -> list[dict[str, Any]]:
+    """Each compare row with the band its iteration time carries: hetplan's plan over the types it
+    uses; the others (baselines, exports) may use any device of the cluster, so over every type."""
+    ours = plan_band(plan, profile, cluster).to_dict()
     everyone = time_band(profile, [d.type for d in cluster.devices]).to_dict()
-    rows: list[dict[str, Any]] = [{"name": "hetplan", "iteration_s": sim.iteration_s, "speedup": 1.0, "band": band}]
-    if plan.baselines:
-        for row in _rows_from_file(plan)[1:]:
-            if row["iteration_s"] is not None:
-                row["speedup"] = row["iteration_s"] / sim.iteration_s
-            rows.append({**row, "band": everyone})
-        return rows
-    from planner.solve.baselines import baseline_plans
-    from planner.solve.search import PlanOptions
-
-    opts = PlanOptions(global_batch=plan.global_batch, schedule=plan.schedule, optimizer=plan.optimizer)
-    for name, candidate in baseline_plans(profile, cluster, opts, plan).items():
-        if candidate is None:
-            rows.append({"name": name, "iteration_s": None, "speedup": None, "band": everyone})
-        else:
-            t = candidate.sim.iteration_s
-            rows.append({"name": name, "iteration_s": t, "speedup": t / sim.iteration_s, "band": everyone})
-    return rows
+    return [{**r, "band": ours if r["name"] == "hetplan" else everyone} for r in rows]
 
 
 def compare_table(rows: list[dict[str, Any]]) -> Table:

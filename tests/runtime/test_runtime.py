@@ -16,6 +16,7 @@ from planner.contracts.yamlio import write_yaml
 from planner.emit import build_rank_config
 from planner.errors import HetplanError
 from planner.models import resolve_model
+from planner.runtime.checkpoint import read_block
 from planner.runtime.launcher import launch_local
 from planner.runtime.reference import train_reference
 from planner.runtime.validate import validate_programs
@@ -69,7 +70,7 @@ def _check_against_reference(tmp_path, plan: Plan, model: dict = GPT) -> None:
     measured = [r["loss"] for r in result.records if r["rank"] == 0]
     assert measured == pytest.approx(losses, abs=1e-5)
     for i, block in enumerate(blocks):
-        saved = torch.load(tmp_path / "ckpt" / f"block-{i:04d}.pt", weights_only=False)["params"]
+        saved = read_block(tmp_path / "ckpt", i).params
         for name, value in block.state_dict().items():
             torch.testing.assert_close(saved[name], value.detach(), atol=1e-5, rtol=0)
 
@@ -223,12 +224,12 @@ def _check_mixed_against_reference(tmp_path, plan: Plan, dtype: str) -> list[dic
     assert measured == pytest.approx(losses, abs=MIXED_LOSS_ATOL)
     rtol = MIXED_PARAM_RTOL[dtype]
     for i, block in enumerate(blocks):
-        saved = torch.load(tmp_path / "ckpt" / f"block-{i:04d}.pt", weights_only=False)
+        saved = read_block(tmp_path / "ckpt", i)
         for name, value in block.state_dict().items():
-            assert saved["params"][name].dtype == value.dtype
+            assert saved.params[name].dtype == value.dtype
             if value.is_floating_point():
-                torch.testing.assert_close(saved["params"][name], value.detach(), rtol=rtol, atol=rtol)
-        assert all(m.dtype == torch.float32 for m in saved["master"])  # fp32 master weights
+                torch.testing.assert_close(saved.params[name], value.detach(), rtol=rtol, atol=rtol)
+        assert saved.master and all(m.dtype == torch.float32 for m in saved.master.values())  # fp32 master weights
     return result.records
 
 

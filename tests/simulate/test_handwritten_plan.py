@@ -64,6 +64,7 @@ def test_a_minimal_hand_written_plan_simulates(tmp_path, capsys) -> None:
     assert out["iteration_s"] > 0 and out["samples_per_s"] > 0 and 0 <= out["bubble_fraction"] < 1
     assert set(out["devices"]) == {"node0/0", "node0/1", "node1/0", "node1/1"}
     with pytest.raises(SystemExit) as info:
-        main(["simulate", str(plan), "--timeline", str(tmp_path / "t.png")])
+        main(["simulate", str(plan), "--timeline", str(tmp_path / "t.svg"), "--trace", str(tmp_path / "t.json")])
     assert info.value.code == 0
-    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "t.svg").read_text().lstrip().startswith("<svg")
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]

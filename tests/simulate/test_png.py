@@ -1,44 +1,25 @@
-"""PNG timelines without dependencies: a valid file that decodes to the picture drawn."""
+"""PNG timelines through matplotlib, an optional extra: the picture the SVG draws, or one line
+saying how to install it."""
 
 from __future__ import annotations
 
+import io
 import struct
-import zlib
+import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
+import yaml
 from builders import make_cluster, make_profile
 
+from cli import main
 from planner.contracts.plan import Pipeline, Plan, Stage
+from planner.errors import HetplanError
 from planner.simulate import simulate
-from planner.simulate.png import FONT, Canvas, encode_png, parse_colour, text_width
-from planner.simulate.timeline import COLOURS, bar_box, layout, render_png
+from planner.simulate.png import INSTALL_HINT
+from planner.simulate.timeline import COLOURS, bar_box, layout, render_png, write_timeline
 
 A100 = "A100-80GB"
-
-
-def _decode(data: bytes) -> tuple[dict[bytes, bytes], np.ndarray]:
-    """Chunks (checking every CRC) and the RGB pixels of a PNG written by :func:`encode_png`."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    chunks: dict[bytes, bytes] = {}
-    order, idat, pos = [], b"", 8
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])
-        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF, kind
-        order.append(kind)
-        chunks[kind] = body
-        idat += body if kind == b"IDAT" else b""
-        pos += 12 + length
-    assert order[0] == b"IHDR" and order[-1] == b"IEND" and b"IDAT" in order
-    width, height, depth, colour_type, compression, filtering, interlace = struct.unpack(">IIBBBBB", chunks[b"IHDR"])
-    assert (depth, colour_type, compression, filtering, interlace) == (8, 2, 0, 0, 0)
-    raw = np.frombuffer(zlib.decompress(idat), dtype=np.uint8)
-    assert raw.size == height * (1 + 3 * width)
-    rows = raw.reshape(height, 1 + 3 * width)
-    assert not rows[:, 0].any()  # filter type 0 on every row
-    return chunks, rows[:, 1:].reshape(height, width, 3)
 
 
 def _result():
@@ -55,54 +36,93 @@ def _result():
     return simulate(plan, profile, cluster, timeline=True)
 
 
-def test_png_is_valid_and_has_the_layout_size() -> None:
+@pytest.fixture
+def no_matplotlib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """matplotlib as if not installed (an import of it or any of its modules fails)."""
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
+def test_without_matplotlib_a_png_is_one_line_saying_how_to_install_it(no_matplotlib, tmp_path: Path) -> None:
+    with pytest.raises(HetplanError, match=r"pip install 'hetplan\[png\]'"):
+        render_png(_result())
+    with pytest.raises(HetplanError) as info:
+        write_timeline(_result(), tmp_path / "sub" / "t.png")
+    assert str(info.value) == f"--timeline: {INSTALL_HINT}"
+    assert not (tmp_path / "sub").exists()  # refused before anything is written
+    write_timeline(_result(), tmp_path / "t.svg")  # SVG needs nothing extra
+    assert (tmp_path / "t.svg").read_text(encoding="utf-8").startswith("<svg")
+
+
+def test_the_cli_refuses_a_png_timeline_without_matplotlib_before_simulating(
+    no_matplotlib, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = make_profile(2, times={"cpu": (0.001, 0.002)})
+    profile.save(tmp_path / "profile.yaml")
+    from planner.contracts.paths import bundled_profiles_dir
+
+    plan = {
+        "schema": "hetplan/plan/v1",
+        "inputs": {
+            "profile": {"path": "profile.yaml"},
+            "cluster": {"path": str(bundled_profiles_dir() / "clusters" / "local-2.yaml")},
+        },
+        "global_batch": 2,
+        "pipelines": [{"batch": 2, "micro_batches": [2], "stages": [{"blocks": [0, 2], "devices": ["local/0"]}]}],
+    }
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump(plan))
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", str(tmp_path / "plan.yaml"), "--timeline", str(tmp_path / "t.png")])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == ""
+    assert err == f"error: --timeline: {INSTALL_HINT}\n"
+    assert not (tmp_path / "t.png").exists()
+
+
+def _decode(png: bytes):
+    """(width, height) from the header, and the pixels as matplotlib reads them (floats in [0, 1])."""
+    image = pytest.importorskip("matplotlib.image")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", png[16:24])
+    return (width, height), image.imread(io.BytesIO(png), format="png")
+
+
+def _rgb(colour: str) -> tuple[int, int, int]:
+    value = colour.lstrip("#")
+    return int(value[0:2], 16), int(value[2:4], 16), int(value[4:6], 16)
+
+
+def test_png_has_the_layout_size_and_is_deterministic() -> None:
+    pytest.importorskip("matplotlib")
     result = _result()
-    chunks, pixels = _decode(render_png(result))
+    png = render_png(result, title="T")
+    size, pixels = _decode(png)
     picture = layout(result)
-    width, height = struct.unpack(">II", chunks[b"IHDR"][:8])
-    assert (width, height) == (picture.width, picture.height) == (1200, 50 + 22 * 4 + 60)
-    assert pixels.shape == (height, width, 3)
+    assert size == (picture.width, picture.height) == (1200, 50 + 22 * 4 + 60)
+    assert pixels.shape[:2] == (picture.height, picture.width)
+    assert png == render_png(result, title="T")
 
 
 @pytest.mark.parametrize("kind", ["F", "B"])
 def test_the_pixel_under_a_compute_bar_has_its_kind_colour(kind: str) -> None:
+    pytest.importorskip("matplotlib")
     result = _result()
     _, pixels = _decode(render_png(result))
     rows = list(result.devices)
     row, _, lo, hi, _ = max((t for t in result.timeline if t[1] == kind), key=lambda t: t[3] - t[2])
     x, y, w, h = bar_box(rows.index(row), kind, lo, hi, scale=(1200 - 230 - 20) / result.iteration_s)
     assert w > 10  # wide enough that its middle is well inside
-    assert tuple(pixels[int(y + h / 2), int(x + w / 2)]) == parse_colour(COLOURS[kind])
+    r, g, b = (round(float(c) * 255) for c in pixels[int(y + h / 2), int(x + w / 2)][:3])
+    assert (r, g, b) == _rgb(COLOURS[kind])
 
 
-def test_text_is_drawn_and_the_picture_is_deterministic() -> None:
-    result = _result()
-    png = render_png(result, title="T")
-    assert png == render_png(result, title="T")
-    _, pixels = _decode(png)
-    label_band = pixels[50 : 50 + 22, :224]  # the first row's label, right-aligned before the plot
-    assert (label_band == 0).all(axis=2).any()  # black text pixels
-    legend = pixels[-16:, 230:]
+def test_text_and_every_legend_colour_are_drawn() -> None:
+    pytest.importorskip("matplotlib")
+    _, pixels = _decode(render_png(_result(), title="T"))
+    rgb = (pixels[..., :3] * 255).round().astype(int)
+    label_band = rgb[50 : 50 + 22, :224]  # the first row's label, right-aligned before the plot
+    assert (label_band.sum(axis=2) < 200).any()  # dark text pixels
+    legend = rgb[-16:, 230:]
     for colour in COLOURS.values():
-        assert (legend == parse_colour(colour)).all(axis=2).any()
-
-
-def test_canvas_text_anchors_and_unknown_characters() -> None:
-    canvas = Canvas(100, 20)
-    canvas.text(50, 10, "ab", anchor="middle")
-    drawn = np.flatnonzero((canvas.pixels != 255).any(axis=(0, 2)))
-    assert drawn.min() >= 50 - text_width("ab") // 2 - 1 and drawn.max() <= 50 + text_width("ab") // 2 + 1
-    other = Canvas(20, 10)
-    other.text(0, 8, "\u00e9")  # no glyph: drawn as "?"
-    reference = Canvas(20, 10)
-    reference.text(0, 8, "?")
-    assert (other.pixels == reference.pixels).all()
-    assert {"0", "9", "a", "z", "A", "Z", ".", "/", "-", ":", "%", "(", ")", " "} <= set(FONT)
-
-
-def test_encode_png_round_trips_pixels_and_rejects_other_arrays() -> None:
-    pixels = np.arange(4 * 3 * 3, dtype=np.uint8).reshape(4, 3, 3)
-    _, decoded = _decode(encode_png(pixels))
-    assert (decoded == pixels).all()
-    with pytest.raises(ValueError, match="uint8"):
-        encode_png(pixels.astype(np.float32))
+        assert (legend == _rgb(colour)).all(axis=2).any(), colour

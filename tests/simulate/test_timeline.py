@@ -8,6 +8,8 @@ import xml.etree.ElementTree as ET
 import pytest
 from builders import make_cluster, make_profile
 
+from planner.contracts.cluster import load_cluster
+from planner.contracts.paths import bundled_profiles_dir
 from planner.contracts.plan import Pipeline, Plan, Stage
 from planner.errors import HetplanError
 from planner.simulate import simulate
@@ -75,12 +77,25 @@ def test_bars_lie_inside_the_plot_and_rows_match_devices() -> None:
 
 def test_write_timeline_picks_the_format_by_suffix(tmp_path) -> None:
     result = _result()
-    write_timeline(result, tmp_path / "t.svg")
-    write_timeline(result, tmp_path / "sub" / "t.png")
-    assert (tmp_path / "t.svg").read_text(encoding="utf-8").startswith("<svg")
-    assert (tmp_path / "sub" / "t.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    write_timeline(result, tmp_path / "sub" / "t.svg")
+    assert (tmp_path / "sub" / "t.svg").read_text(encoding="utf-8") == render_svg(result)
     with pytest.raises(HetplanError, match=r"use a \.svg or \.png file"):
         write_timeline(result, tmp_path / "t.pdf")
+    assert not (tmp_path / "t.pdf").exists()  # PNG: tests/simulate/test_png.py
+
+
+def test_emulated_device_speeds_are_said_in_the_subtitle() -> None:
+    profile = make_profile(4, times={"cpu": (0.01, 0.02)}, params=1000, output_bytes=1000)
+    cluster = load_cluster(bundled_profiles_dir() / "clusters" / "local-2.yaml")
+    stages = (Stage(0, 2, ("local/0",), (1.0,)), Stage(2, 4, ("local/1",), (1.0,)))
+    plan = Plan(global_batch=4, pipelines=[Pipeline(4, (2, 2), stages)], optimizer="sgd")
+    result = simulate(plan, profile, cluster, timeline=True)
+    texts = [
+        t.text for t in ET.fromstring(render_svg(result, cluster=cluster)).iter("{http://www.w3.org/2000/svg}text")
+    ]
+    subtitle = next(t for t in texts if t.startswith("iteration "))
+    assert "EMULATED device speeds: " in subtitle and "cpu-slow (emulated: cpu 3x slower)" in subtitle
+    assert not any("EMULATED" in (t or "") for t in [s.text for s in layout(result).shapes if hasattr(s, "text")])
 
 
 def test_a_result_without_a_timeline_is_an_error() -> None:

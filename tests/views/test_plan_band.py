@@ -8,7 +8,8 @@ from rich.console import Console
 from planner.contracts.model_profile import Timing
 from planner.profile.trust import ESTIMATED, ESTIMATED_UNVALIDATED, IMPORTED
 from planner.solve import PlanOptions, plan_training
-from planner.views.plan import compare_rows, compare_table, plan_band, plan_summary_renderables
+from planner.solve.compare import compare_rows
+from planner.views.plan import compare_table, plan_band, plan_summary_renderables, with_bands
 
 A100, T4 = "A100-80GB", "T4"
 
@@ -32,7 +33,7 @@ def _text(renderables) -> str:
 def test_compare_rows_keep_their_keys_and_add_the_band() -> None:
     profile, cluster = _inputs()
     plan = plan_training(profile, cluster, PlanOptions(global_batch=8, optimizer="sgd")).plan
-    rows = compare_rows(plan, profile, cluster)
+    rows = with_bands(compare_rows(plan, profile, cluster), plan, profile, cluster)
     assert rows[0]["name"] == "hetplan" and len(rows) > 1
     for row in rows:
         assert {"name", "iteration_s", "speedup", "band"} <= set(row)

@@ -1,0 +1,134 @@
+"""Train a plan on this machine: its rank config, every rank spawned here, and what it did.
+
+    job = train_here(plan, profile, cluster, steps=20, emulate=True, log="run.jsonl")
+    job.summary      # 'trained 20 steps on 2 ranks (EMULATED device speeds): loss 6.26 -> 5.56; ...'
+
+What ``hetplan launch`` runs (cli.py only parses and prints). It orchestrates layers, as
+:mod:`planner.demo` does: the rank config (:mod:`planner.emit`), the checks that should fail once
+here rather than once per rank (a text file, a user dataset), and the local launcher
+(:mod:`planner.runtime.launcher`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.contracts.cluster import Cluster
+from planner.contracts.model_profile import ModelProfile
+from planner.contracts.plan import Plan
+from planner.contracts.yamlio import write_yaml
+from planner.emit import build_rank_config
+
+__all__ = ["LocalJob", "TrainingOptions", "train_here"]
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """How the ranks train, beyond the plan (``build_rank_config``'s keywords; defaults: the plan's)."""
+
+    seed: int = 0
+    lr: float | None = None
+    optimizer: str | None = None
+    weight_decay: float | None = None
+    clip_grad_norm: float | None = None
+    warmup_steps: int = 0
+    decay_steps: int = 0
+    min_lr: float = 0.0
+    data: str | None = None
+    dataset: str | None = None
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def rank_config_kwargs(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "lr": self.lr,
+            "optimizer": self.optimizer,
+            "weight_decay": self.weight_decay,
+            "clip_grad_norm": self.clip_grad_norm,
+            "warmup_steps": self.warmup_steps,
+            "decay_steps": self.decay_steps,
+            "min_lr": self.min_lr,
+            "data": self.data,
+            "dataset": self.dataset,
+            "dataset_kwargs": self.dataset_kwargs or None,
+        }
+
+
+@dataclass
+class LocalJob:
+    records: list[dict[str, Any]]
+    ranks: int
+    summary: str
+
+
+def _check_inputs(profile: ModelProfile, plan: Plan, options: TrainingOptions) -> TrainingOptions:
+    """Fail here, in one line, rather than in every rank: the text file, the user dataset."""
+    if options.data:
+        from planner.models import resolve_model
+        from planner.runtime.textdata import batches_for
+
+        data = str(Path(options.data).resolve())
+        batches_for(profile.model, resolve_model(profile.model), data)
+        options = TrainingOptions(**{**options.__dict__, "data": data})
+    if options.dataset:
+        from planner.runtime.dataset import check_dataset
+
+        check_dataset(
+            profile.model, options.dataset, options.dataset_kwargs, global_batch=plan.global_batch, seed=options.seed
+        )
+    return options
+
+
+def train_here(
+    plan: Plan,
+    profile: ModelProfile,
+    cluster: Cluster,
+    *,
+    steps: int,
+    options: TrainingOptions,
+    emulate: bool = False,
+    log: str | None = None,
+    save: str | None = None,
+    save_every: int | None = None,
+    resume: str | None = None,
+    threads: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> LocalJob:
+    """Train ``steps`` steps of ``plan`` with every rank on this machine (gloo)."""
+    from planner.runtime.launcher import launch_local
+
+    options = _check_inputs(profile, plan, options)
+    config = build_rank_config(plan, profile, cluster, backend="gloo", **options.rank_config_kwargs())
+    folder = Path(tempfile.mkdtemp(prefix="hetplan-launch-"))
+    try:
+        write_yaml(config, folder / "rank-config.yaml")
+        result = launch_local(
+            folder / "rank-config.yaml",
+            steps=steps,
+            log=log,
+            emulate=emulate,
+            save=save,
+            save_every=save_every,
+            resume=resume,
+            threads=threads,
+            progress=progress,
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    ranks = len(config["devices"])
+    losses = [r["loss"] for r in result.records if r["rank"] == 0]
+    steps_seen = sorted({r["step"] for r in result.records})
+    iters = sorted(max(r["iteration_s"] for r in result.records if r["step"] == s) for s in steps_seen)
+    median = iters[len(iters) // 2] if iters else float("nan")
+    label = " (EMULATED device speeds)" if emulate else ""
+    summary = (
+        f"trained {len(losses)} steps on {ranks} ranks{label}: loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
+        f"median iteration {median * 1e3:.1f} ms ({plan.global_batch / median:.1f} samples/s); predicted "
+        f"{plan.predicted.get('iteration_s', float('nan')) * 1e3:.1f} ms"
+    )
+    return LocalJob(records=result.records, ranks=ranks, summary=summary)

@@ -1,0 +1,66 @@
+"""A plan beside the baselines and any other plans, all scored by the same simulator.
+
+    rows = compare_rows(plan, profile, cluster, others={"megatron": exported})
+    rows[0]    # {"name": "hetplan", "iteration_s": ..., "speedup": 1.0}
+
+The rows are data; :func:`planner.views.plan.compare_table` renders them (and adds each row's band).
+Baselines come from the plan file when it recorded them (what ``hetplan plan`` found), else they
+are computed now on the same inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.contracts.cluster import Cluster
+from planner.contracts.model_profile import ModelProfile
+from planner.contracts.plan import Plan, load_plan_inputs
+from planner.errors import HetplanError
+from planner.simulate import simulate
+from planner.solve.baselines import baseline_plans
+from planner.solve.search import PlanOptions
+
+__all__ = ["compare_rows", "same_inputs"]
+
+
+def compare_rows(
+    plan: Plan, profile: ModelProfile, cluster: Cluster, *, others: dict[str, Plan] | None = None
+) -> list[dict[str, Any]]:
+    """``hetplan`` (the plan re-simulated), every baseline, then each of ``others`` (name -> plan);
+    ``speedup`` is a row's iteration over the plan's (above 1: the plan is faster), None where a row
+    does not fit in memory."""
+    sim = simulate(plan, profile, cluster)
+    rows: list[dict[str, Any]] = [{"name": "hetplan", "iteration_s": sim.iteration_s, "speedup": 1.0}]
+
+    def add(name: str, seconds: float | None) -> None:
+        rows.append(
+            {"name": name, "iteration_s": seconds, "speedup": None if seconds is None else seconds / sim.iteration_s}
+        )
+
+    if plan.baselines:
+        for name, recorded in plan.baselines.items():
+            add(name, None if recorded.get("fits", True) is False else recorded["iteration_s"])
+    else:
+        opts = PlanOptions(global_batch=plan.global_batch, schedule=plan.schedule, optimizer=plan.optimizer)
+        for name, candidate in baseline_plans(profile, cluster, opts, plan).items():
+            add(name, None if candidate is None else candidate.sim.iteration_s)
+    for name, other in (others or {}).items():
+        result = simulate(other, profile, cluster)
+        fits = all(d.memory.fits for d in result.devices.values())
+        add(name, result.iteration_s if fits else None)
+    return rows
+
+
+def same_inputs(other: Plan, plan: Plan) -> Plan:
+    """``other``, checked to be a plan of ``plan``'s profile and cluster (the same files, by sha256):
+    a comparison of plans made for different inputs would be silently meaningless."""
+    load_plan_inputs(other)  # its own inputs exist and are unchanged
+    for key in ("profile", "cluster"):
+        mine, theirs = plan.inputs.get(key, {}).get("sha256"), other.inputs.get(key, {}).get("sha256")
+        if mine and theirs and mine != theirs:
+            raise HetplanError(
+                f"this plan was made for another {key} than {plan.file or 'the plan compared'} (sha256 differs)",
+                file=other.file,
+                field=f"inputs.{key}.sha256",
+            )
+    return other

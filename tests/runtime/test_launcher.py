@@ -1,0 +1,179 @@
+"""The local launcher: torchrun's standalone mode, with hetplan's fault messages and stall detection.
+
+Each test runs real ranks under one torchrun agent, and checks what a user sees (one line naming
+the rank, step and action) and what must not remain (no process of the job outlives the launch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from builders import make_cluster
+
+from planner.contracts.model_profile import Block, ModelProfile, Timing
+from planner.contracts.plan import Pipeline, Plan, Stage
+from planner.contracts.yamlio import write_yaml
+from planner.emit import build_rank_config
+from planner.errors import HetplanError
+from planner.models import resolve_model
+from planner.runtime.launcher import _torchrun_args, _worker_args, launch_local
+from planner.runtime.reference import train_reference
+
+GPT = {"family": "gpt", "config": {"layers": 2, "hidden": 32, "heads": 2, "seq": 8, "vocab": 31}}
+ROOT = Path(__file__).resolve().parents[2]
+TWO_STAGES = Plan(
+    global_batch=8,
+    pipelines=[Pipeline(8, (4, 4), (Stage(0, 3, ("n0/0",), (1.0,)), Stage(3, 6, ("n0/1",), (1.0,))))],
+)
+
+
+def _profile() -> ModelProfile:
+    zoo = resolve_model(GPT)
+    blocks = [
+        Block(
+            name=n,
+            kind="zoo",
+            params=0,
+            param_bytes=0.0,
+            activation_bytes=0.0,
+            output_bytes=0.0,
+            flops_fwd=0.0,
+            times={"cpu": {1: Timing(1.0, 1.0)}},
+        )
+        for n in zoo.block_names()
+    ]
+    return ModelProfile(model=zoo.model, dtype="fp32", blocks=blocks)
+
+
+def _config(tmp_path: Path, plan: Plan, cluster=None, *, timeout: float = 30) -> tuple[Path, dict]:
+    cluster = cluster or make_cluster([("n0", [("cpu", 2)])])
+    config = build_rank_config(plan, _profile(), cluster, seed=7, timeout_s=timeout)
+    path = tmp_path / "rank-config.yaml"
+    write_yaml(config, path)
+    return path, config
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, or no such process, is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _worker_pids(run: Path) -> list[int]:
+    return [json.loads(p.read_text())["pid"] for p in sorted((run / "ranks").glob("rank-*.json"))]
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+
+
+def test_the_worker_arguments_reach_the_worker_through_torchrun_parser_intact(tmp_path) -> None:
+    from torch.distributed.run import parse_args
+
+    worker = _worker_args(tmp_path / "c.yaml", ["n0", "n1"], steps=3, work=tmp_path, threads=1)
+    worker += ["--save", "ckpt", "--save-every", "2", "--resume", "old", "--resume-step", "4", "--keep-last", "2"]
+    args = parse_args(_torchrun_args(3, tmp_path, worker))
+    assert args.standalone and args.max_restarts == 0 and args.nproc_per_node == "3" and args.module
+    assert [args.training_script, *args.training_script_args] == worker[1:]
+    # the older spellings would be refused by torchrun's parser (prefixes of --node-rank, --log-dir)
+    for old in ("--node", "--log"):
+        with pytest.raises(SystemExit):
+            parse_args(["--standalone", "-m", "planner.runtime.worker", "c.yaml", old, "x"])
+
+
+@needs_proc
+def test_a_killed_rank_gives_one_line_within_seconds_and_no_process_remains(tmp_path) -> None:
+    path, _ = _config(tmp_path, TWO_STAGES, timeout=15)
+    first_step: list[float] = []
+    start = time.time()
+    with pytest.raises(HetplanError) as info:
+        launch_local(
+            path,
+            steps=100_000,
+            kill_rank_after=(1, 2.0),
+            run_dir=tmp_path / "run",
+            progress=lambda done, _: first_step.append(time.time()) if done and not first_step else None,
+        )
+    message = str(info.value)
+    # the kill came no earlier than 2 s after the start, nor before the first step
+    latency = time.time() - max(first_step[0], start + 2.0)
+    assert latency < 8.0, latency
+    assert "\n" not in message
+    assert message.startswith("the run stopped: rank 1 (n0/1) died (SIGKILL); rank 0 (n0/0) step ")
+    assert "waiting on" in message  # the survivor's action
+    assert not [pid for pid in _worker_pids(tmp_path / "run") if _alive(pid)]
+
+
+@needs_proc
+def test_a_stalled_job_is_stopped_with_one_line_and_no_process_remains(tmp_path) -> None:
+    path, _ = _config(tmp_path, TWO_STAGES, timeout=120)  # the ranks would wait 2 minutes on their own
+    start = time.time()
+    with pytest.raises(HetplanError) as info:
+        launch_local(
+            path,
+            steps=100_000,
+            kill_rank_after=(1, 0.0),
+            kill_signal=signal.SIGSTOP,  # rank 1 freezes: alive, silent
+            stall_s=3.0,
+            run_dir=tmp_path / "run",
+        )
+    message = str(info.value)
+    assert "\n" not in message and time.time() - start < 60
+    assert message.startswith("no step finished for 3 s; stopped every rank (finished steps per rank: n0/0 ")
+    pids = _worker_pids(tmp_path / "run")
+    assert len(pids) == 2 and not [pid for pid in pids if _alive(pid)]
+
+
+def test_a_plan_over_two_nodes_runs_under_one_standalone_torchrun_and_merges_the_logs(tmp_path) -> None:
+    cluster = make_cluster([("a", [("cpu", 1)]), ("b", [("cpu", 1)])])
+    plan = Plan(
+        global_batch=8,
+        pipelines=[Pipeline(8, (4, 4), (Stage(0, 3, ("b/0",), (1.0,)), Stage(3, 6, ("a/0",), (1.0,))))],
+    )
+    path, config = _config(tmp_path, plan, cluster)
+    seen: list[int] = []
+    result = launch_local(
+        path, steps=2, log=tmp_path / "run.jsonl", run_dir=tmp_path / "run", progress=lambda d, _: seen.append(d)
+    )
+    losses, _ = train_reference(GPT, global_batch=8, optimizer="adam", lr=config["training"]["lr"], seed=7, steps=2)
+    # LOCAL_RANK r runs the r-th device in rank-config order (a/0, then b/0), whatever the stage order
+    assert {(r["rank"], r["device"]) for r in result.records} == {(0, "a/0"), (1, "b/0")}
+    assert [r["loss"] for r in result.records if r["rank"] == 0] == pytest.approx(losses, abs=1e-5)
+    merged = [json.loads(line) for line in (tmp_path / "run.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["rank"]) for r in merged] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert seen[-1] == 2
+    assert sorted(p.parent.name for p in (tmp_path / "run" / "torchrun").glob("*/attempt_0/*/stderr.log")) == ["0", "1"]
+
+
+def test_a_worker_on_an_unknown_node_says_so_in_one_line(tmp_path) -> None:
+    path, _ = _config(tmp_path, TWO_STAGES)
+    env = dict(os.environ, LOCAL_RANK="0", RANK="0", PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-m", "planner.runtime.worker", str(path), "--node-name", "n9"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 3
+    assert done.stderr.strip().splitlines() == [
+        f"error: {path}: nodes: node 'n9' is not in the rank config (nodes: n0)"
+    ]
+
+
+def test_checkpoint_options_without_a_folder_are_refused(tmp_path) -> None:
+    path, _ = _config(tmp_path, TWO_STAGES)
+    with pytest.raises(HetplanError, match=r"--save-every: needs a checkpoint folder"):
+        launch_local(path, steps=1, save_every=2)
+    with pytest.raises(HetplanError, match=r"--resume-step: needs a checkpoint folder"):
+        launch_local(path, steps=1, resume_step=2)
