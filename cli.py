@@ -714,9 +714,21 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option("--log", "log_file", default=None, type=click.Path(dir_okay=False), help="Run log (JSON lines).")
 @click.option("--emulate", is_flag=True, help="Run each rank as its planned device type by its slowdown factor.")
-@click.option("--save", default=None, type=click.Path(file_okay=False), help="Save checkpoints (keyed by block) here.")
+@click.option(
+    "--save",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Checkpoint folder (torch.distributed.checkpoint, keyed by block): the final state, every --save-every steps.",
+)
 @click.option("--save-every", default=None, type=click.IntRange(min=1), help="Also save every N steps (with --save).")
-@click.option("--resume", default=None, type=click.Path(file_okay=False), help="Resume from a checkpoint folder.")
+@click.option("--keep-last", default=None, type=click.IntRange(min=1), help="Keep only the last K checkpoints.")
+@click.option(
+    "--resume",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Resume from the folder's latest checkpoint (or --resume-step's), whatever plan saved it.",
+)
+@click.option("--resume-step", default=None, type=click.IntRange(min=0), help="The checkpoint step to resume from.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1), help="Torch threads per rank.")
 @_training_options
 def launch(
@@ -726,7 +738,9 @@ def launch(
     emulate: bool,
     save: str | None,
     save_every: int | None,
+    keep_last: int | None,
     resume: str | None,
+    resume_step: int | None,
     threads: int,
     **training: Any,
 ) -> None:
@@ -754,7 +768,9 @@ def launch(
             log=log_file,
             save=save,
             save_every=save_every,
+            keep_last=keep_last,
             resume=resume,
+            resume_step=resume_step,
             threads=threads,
             progress=lambda done, total: bar.update(task, completed=done),
         )

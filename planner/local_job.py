@@ -95,7 +95,9 @@ def train_here(
     log: str | None = None,
     save: str | None = None,
     save_every: int | None = None,
+    keep_last: int | None = None,
     resume: str | None = None,
+    resume_step: int | None = None,
     threads: int = 1,
     progress: Callable[[int, int], None] | None = None,
 ) -> LocalJob:
@@ -114,7 +116,9 @@ def train_here(
             emulate=emulate,
             save=save,
             save_every=save_every,
+            keep_last=keep_last,
             resume=resume,
+            resume_step=resume_step,
             threads=threads,
             progress=progress,
         )

@@ -34,11 +34,11 @@ def torchrun_command(
         "-m",
         "planner.runtime.worker",
         config,
-        "--node",
+        "--node-name",  # not --node: torchrun's parser reads it as an ambiguous --node-rank
         node,
         "--steps",
         str(steps),
-        "--log",
+        "--run-log",  # not --log: torchrun's parser reads it as an ambiguous --log-dir
         log,
     ]
     return " ".join(shlex.quote(a) for a in args)

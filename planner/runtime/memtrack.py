@@ -13,7 +13,10 @@ one step of a run this way (the second, once the optimizer state exists), not ev
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
 import torch
@@ -35,14 +38,34 @@ def live_bytes(tensors: Iterable[torch.Tensor]) -> float:
     return float(sum(seen.values()))
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null for a moment: a rank's stderr is for its one-line errors."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def measure_peak(run: Callable[[], T], *, held: Iterable[torch.Tensor], device: torch.device) -> tuple[float, T]:
     """Run ``run()``; return the peak of live tensor bytes during it (``held``: those alive before)."""
     if device.type == "cuda":
         result = run()
         return float(torch.cuda.max_memory_allocated(device)), result
     baseline = live_bytes(held)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
+    with _quiet_stderr():  # kineto announces its start and stop on stderr, whatever its log level
+        prof.__enter__()
+    try:
         result = run()
+    finally:
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
     deltas = sorted(
         (e.start_ns(), e.nbytes())
         for e in prof.profiler.kineto_results.events()

@@ -30,9 +30,6 @@ from pathlib import Path
 
 __all__ = ["TERM_GRACE_S", "main"]
 
-# the torch profiler (the CPU peak-memory measurement) prints its start and stop on stderr unless
-# told otherwise before torch loads; a rank's stderr is for its one-line errors
-os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 
 #: Seconds a rank keeps going after SIGTERM, to report what it was waiting on before it ends.
 TERM_GRACE_S = 3.0

@@ -33,7 +33,7 @@ def test_emit_writes_a_torchrun_script_per_node_and_a_rank_config(tmp_path) -> N
     assert names == ["node-gpu-a.sh", "node-gpu-b.sh", "rank-config.yaml", "slurm.sbatch"]
     a = (tmp_path / "node-gpu-a.sh").read_text()
     assert "torchrun --nnodes=2 --node-rank=0 --nproc-per-node=2" in a
-    assert "--rdzv-endpoint=gpu-a:29500" in a and "--node gpu-a" in a and "--steps 50" in a
+    assert "--rdzv-endpoint=gpu-a:29500" in a and "--node-name gpu-a" in a and "--steps 50" in a
     b = (tmp_path / "node-gpu-b.sh").read_text()
     assert "--node-rank=1 --nproc-per-node=1" in b
     assert "srun" in (tmp_path / "slurm.sbatch").read_text()
