@@ -791,8 +791,8 @@ def report(log_file: str, plan_file: str, as_json: bool) -> None:
       hetplan report run.jsonl plan.yaml
     """
     from planner.contracts.plan import load_plan
-    from planner.contracts.runlog import load_run_log
-    from planner.views.report import check_log_matches, report_renderables, report_rows
+    from planner.contracts.runlog import check_log_matches, load_run_log
+    from planner.views.report import report_renderables, report_rows
 
     records, loaded = load_run_log(log_file), load_plan(plan_file)
     check_log_matches(records, loaded, log_file=log_file)

@@ -18,7 +18,7 @@ from planner.contracts.cluster import Cluster
 from planner.contracts.measurements import MeasuredRun, Measurements
 from planner.contracts.model_profile import ModelProfile
 from planner.contracts.plan import Plan, check_plan, load_plan
-from planner.contracts.runlog import StepRecord, load_run_log
+from planner.contracts.runlog import check_log_matches, load_run_log
 from planner.errors import HetplanError
 from planner.schedule.compile import CompiledPlan, compile_plan
 
@@ -44,33 +44,11 @@ class Observation:
     warnings: list[str] = field(default_factory=list)
 
 
-def _check_log(records: list[StepRecord], plan: Plan, run: MeasuredRun, log: str) -> None:
-    """Refuse a run log another plan produced: every record's device must be in its stage, and
-    every device of the plan must have records."""
-    stages = {(pi, si): set(st.devices) for pi, p in enumerate(plan.pipelines) for si, st in enumerate(p.stages)}
-    for r in records:
-        if r.device not in stages.get((r.pipeline, r.stage), set()):
-            raise HetplanError(
-                f"rank {r.rank} ran {r.device} as pipeline {r.pipeline} stage {r.stage}, which plan "
-                f"{run.plan.name} does not have: the log was produced by another plan",
-                file=log,
-                field=f"step {r.step} rank {r.rank}",
-            )
-    missing = sorted(set(plan.all_devices()) - {r.device for r in records})
-    if missing:
-        raise HetplanError(
-            f"no record from {', '.join(missing)}, which plan {run.plan.name} uses: "
-            "the log was produced by another plan",
-            file=log,
-            field="device",
-        )
-
-
 def _from_log(obs: Observation, run: MeasuredRun, cluster: Cluster) -> None:
     assert run.run_log is not None
     log = str(run.run_log)
     records = load_run_log(run.run_log)
-    _check_log(records, obs.plan, run, log)
+    check_log_matches(records, obs.plan, log_file=log)
     steps = sorted({r.step for r in records})
     kept = steps[WARMUP_STEPS:] or steps  # a one-step log has no warm-up to spare
     kept_set = set(kept)

@@ -20,10 +20,11 @@ from typing import Any
 
 from planner.contracts.catalog import DTYPES
 from planner.contracts.fields import Fields
+from planner.contracts.plan import Plan
 from planner.contracts.yamlio import read_text
 from planner.errors import HetplanError
 
-__all__ = ["RUNLOG_SCHEMA", "StepRecord", "load_run_log", "parse_record"]
+__all__ = ["RUNLOG_SCHEMA", "StepRecord", "check_log_matches", "load_run_log", "parse_record"]
 
 RUNLOG_SCHEMA = "hetplan/run-log/v1"
 
@@ -115,3 +116,24 @@ def load_run_log(path: str | Path) -> list[StepRecord]:
     if not records:
         raise HetplanError("empty run log", file=name)
     return records
+
+
+def check_log_matches(records: list[StepRecord], plan: Plan, *, log_file: str | None = None) -> None:
+    """Refuse a run log that another plan produced: every record's device must be in its stage, and
+    every device of the plan must have records."""
+    stages = {(pi, si): set(st.devices) for pi, p in enumerate(plan.pipelines) for si, st in enumerate(p.stages)}
+    for r in records:
+        if r.device not in stages.get((r.pipeline, r.stage), set()):
+            raise HetplanError(
+                f"rank {r.rank} ran {r.device} as pipeline {r.pipeline} stage {r.stage}, which plan "
+                f"{plan.file or '(given)'} does not have: the log was produced by another plan",
+                file=log_file,
+                field=f"step {r.step} rank {r.rank}",
+            )
+    missing = {d for devices in stages.values() for d in devices} - {r.device for r in records}
+    if missing:
+        raise HetplanError(
+            f"no record from {', '.join(sorted(missing))}, which the plan uses: the log was produced by another plan",
+            file=log_file,
+            field="device",
+        )

@@ -10,30 +10,9 @@ from rich.text import Text
 
 from planner.contracts.plan import Plan
 from planner.contracts.runlog import StepRecord
-from planner.errors import HetplanError
 from planner.units import format_bytes, format_time
 
 __all__ = ["report_renderables", "report_rows"]
-
-
-def check_log_matches(records: list[StepRecord], plan: Plan, *, log_file: str | None = None) -> None:
-    """Refuse a run log that another plan produced: every record's device must be in its stage."""
-    stages = {(pi, si): set(st.devices) for pi, p in enumerate(plan.pipelines) for si, st in enumerate(p.stages)}
-    for r in records:
-        if r.device not in stages.get((r.pipeline, r.stage), set()):
-            raise HetplanError(
-                f"rank {r.rank} ran {r.device} as pipeline {r.pipeline} stage {r.stage}, which plan "
-                f"{plan.file or '(given)'} does not have: the log was produced by another plan",
-                file=log_file,
-                field=f"step {r.step} rank {r.rank}",
-            )
-    missing = {d for devices in stages.values() for d in devices} - {r.device for r in records}
-    if missing:
-        raise HetplanError(
-            f"no record from {', '.join(sorted(missing))}, which the plan uses: the log was produced by another plan",
-            file=log_file,
-            field="device",
-        )
 
 
 def report_rows(

@@ -9,10 +9,9 @@ The CLI turns each family's ``defaults`` into options (``image_size`` -> ``--ima
 
 from __future__ import annotations
 
-import difflib
 from types import ModuleType
 
-from planner.errors import HetplanError
+from planner.families import get_spec
 from planner.profile.analytic import bert, gpt, mlp, resnet, vgg
 from planner.profile.analytic.base import Family
 
@@ -37,9 +36,6 @@ FAMILIES: dict[str, Family] = {
 
 
 def get_family(name: str) -> Family:
-    """The family called ``name``; an unknown name is an error located at ``family``."""
-    if name in FAMILIES:
-        return FAMILIES[name]
-    close = difflib.get_close_matches(str(name), list(FAMILIES), n=1)
-    hint = f"; did you mean '{close[0]}'?" if close else f"; known: {', '.join(FAMILIES)}"
-    raise HetplanError(f"unknown model family {name!r}{hint}", field="family")
+    """The family called ``name``; an unknown name is an error located at ``family`` (the families'
+    own lookup, :func:`planner.families.get_spec`, says so, with its suggestion)."""
+    return FAMILIES[get_spec(name).name]
