@@ -19,12 +19,12 @@ from planner import __version__
 from planner.contracts.cluster import Cluster
 from planner.contracts.model_profile import ModelProfile
 from planner.contracts.plan import Plan
+from planner.contracts.rank_config import RANK_CONFIG_SCHEMA
 from planner.errors import HetplanError
 from planner.schedule.compile import compile_plan
 
 __all__ = ["DEFAULT_LR", "RANK_CONFIG_SCHEMA", "build_rank_config"]
 
-RANK_CONFIG_SCHEMA = "hetplan/rank-config/v1"
 #: Learning rates by optimizer when the user gives none: small enough for the zoo's synthetic tasks.
 DEFAULT_LR = {"sgd": 0.05, "momentum": 0.02, "adam": 1e-3, "adamw": 1e-3}
 

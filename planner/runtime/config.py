@@ -18,14 +18,13 @@ from planner.contracts.catalog import DTYPES
 from planner.contracts.fields import Fields
 from planner.contracts.plan import OPTIMIZERS as PLAN_OPTIMIZERS
 from planner.contracts.plan import PLAN_SCHEMA, Plan, parse_plan
+from planner.contracts.rank_config import RANK_CONFIG_SCHEMA
 from planner.contracts.yamlio import read_mapping
 from planner.errors import HetplanError
 from planner.runtime.lr_schedule import LrSchedule
 from planner.runtime.optim import OPTIMIZERS
 
 __all__ = ["DeviceEntry", "RuntimeConfig", "load_rank_config"]
-
-RANK_CONFIG_SCHEMA = "hetplan/rank-config/v1"
 
 
 @dataclass(frozen=True)
