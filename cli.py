@@ -14,8 +14,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from planner import __version__
-from planner.errors import HetplanError
+from hetplan import __version__
+from hetplan.errors import HetplanError
 
 # Piped output (CI logs, files) gets wide tables instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 140)
@@ -23,7 +23,7 @@ err_console = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 def _print_all(items: list[Any]) -> None:
-    from planner.views import print_all
+    from hetplan.views import print_all
 
     print_all(console, items)
 
@@ -89,8 +89,8 @@ def devices(catalog: str | None, as_json: bool) -> None:
     Example:
       hetplan devices
     """
-    from planner.contracts.catalog import load_catalog
-    from planner.views.contracts import renderables, summary
+    from hetplan.contracts.catalog import load_catalog
+    from hetplan.views.contracts import renderables, summary
 
     loaded = load_catalog(catalog)
     if as_json:
@@ -102,7 +102,7 @@ def devices(catalog: str | None, as_json: bool) -> None:
 # --------------------------------------------------------------------------- profile
 def _family_options(func: Any) -> Any:
     """One option per model setting any family knows (--layers, --hidden, ...)."""
-    from planner.profile.analytic import FAMILIES
+    from hetplan.profile.analytic import FAMILIES
 
     keys: dict[str, Any] = {}
     for family in FAMILIES.values():
@@ -177,7 +177,7 @@ def profile(
       hetplan profile mymodels:build --input-shape 3,224,224 --kwargs width=64 -o mine.yaml
       hetplan profile gpt --layers 12 --hidden 768 --analytic --devices A100-80GB,T4 -o gpt.yaml
     """
-    from planner.profile.request import analytic_request, measure_request, model_section, summary_lines
+    from hetplan.profile.request import analytic_request, measure_request, model_section, summary_lines
 
     config = {k: v for k, v in settings.items() if v is not None}
     sizes = _csv_ints(micro_batches, param="--micro-batches")
@@ -239,8 +239,8 @@ def import_() -> None:
 
 def _save_import(result: Any, output: str, estimate_for: str | None = None) -> None:
     if estimate_for:
-        from planner.contracts.catalog import load_catalog
-        from planner.profile.carry import carry_times
+        from hetplan.contracts.catalog import load_catalog
+        from hetplan.profile.carry import carry_times
 
         catalog = load_catalog()
         targets = [catalog.get(n, field="--estimate-for") for n in _csv(estimate_for, param="--estimate-for")]
@@ -269,7 +269,7 @@ def pipedream(
     Example:
       hetplan import pipedream ../shared/external/pipedream/vgg16.graph.txt -o vgg16.yaml
     """
-    from planner.profile.importers import import_pipedream
+    from hetplan.profile.importers import import_pipedream
 
     _save_import(
         import_pipedream(file, device_type=device_type, batch_size=batch_size, drop_input_time=drop_input_time),
@@ -299,7 +299,7 @@ def sailor(
     Example:
       hetplan import sailor ../shared/external/sailor/profiles.json --model OPT-350 -o opt350.yaml
     """
-    from planner.profile.importers import import_sailor
+    from hetplan.profile.importers import import_sailor
 
     types = _csv(gpu_types, param="--gpu-types") or None
     _save_import(
@@ -323,7 +323,7 @@ def piper(file: str, device_type: str, variant: str, estimate_for: str | None, o
     Example:
       hetplan import piper ../shared/external/piper/bert32a100.json -o bert32.yaml
     """
-    from planner.profile.importers import import_piper
+    from hetplan.profile.importers import import_piper
 
     _save_import(import_piper(file, device_type=device_type, variant=variant), output, estimate_for)
 
@@ -339,8 +339,8 @@ def validate(files: tuple[str, ...]) -> None:
     Example:
       hetplan validate profiles/devices.yaml profiles/clusters/*.yaml
     """
-    from planner.contracts.anyfile import load_any
-    from planner.contracts.plan import check_plan, load_plan_inputs
+    from hetplan.contracts.anyfile import load_any
+    from hetplan.contracts.plan import check_plan, load_plan_inputs
 
     failures = 0
     for path in files:
@@ -368,20 +368,20 @@ def show(file: str, as_json: bool) -> None:
     Example:
       hetplan show profiles/clusters/mixed-a100-v100.yaml
     """
-    from planner.contracts.anyfile import load_any
-    from planner.views.contracts import renderables, summary
+    from hetplan.contracts.anyfile import load_any
+    from hetplan.views.contracts import renderables, summary
 
     kind, obj = load_any(file)
     if as_json:
         data = summary(kind, obj)
         if kind == "plan":
-            from planner.views.plan import plan_json_band
+            from hetplan.views.plan import plan_json_band
 
             data["band"] = plan_json_band(obj)
         _print_json(data)
     elif kind == "plan":
-        from planner.contracts.plan import check_plan, load_plan_inputs
-        from planner.views.plan import plan_summary_renderables
+        from hetplan.contracts.plan import check_plan, load_plan_inputs
+        from hetplan.views.plan import plan_summary_renderables
 
         loaded_profile, loaded_cluster = load_plan_inputs(obj)
         check_plan(obj, loaded_cluster, loaded_profile)
@@ -424,10 +424,10 @@ def plan(
       hetplan plan gpt.profile.yaml profiles/clusters/mixed-a100-v100.yaml --batch 512 -o plan.yaml
     """
 
-    from planner.contracts.cluster import load_cluster
-    from planner.contracts.model_profile import load_profile
-    from planner.solve import PlanOptions, finalize_plan, plan_training
-    from planner.views.plan import plan_summary_renderables
+    from hetplan.contracts.cluster import load_cluster
+    from hetplan.contracts.model_profile import load_profile
+    from hetplan.solve import PlanOptions, finalize_plan, plan_training
+    from hetplan.views.plan import plan_summary_renderables
 
     loaded_profile = load_profile(profile_file)
     loaded_cluster = load_cluster(cluster_file)
@@ -482,9 +482,9 @@ def compare(plan_file: str, others: tuple[str, ...], as_json: bool) -> None:
       hetplan compare plan.yaml
       hetplan compare plan.yaml --with megatron/exported-plan.yaml
     """
-    from planner.contracts.plan import load_plan, load_plan_inputs
-    from planner.solve.compare import compare_rows, same_inputs
-    from planner.views.plan import compare_table, with_bands
+    from hetplan.contracts.plan import load_plan, load_plan_inputs
+    from hetplan.solve.compare import compare_rows, same_inputs
+    from hetplan.views.plan import compare_table, with_bands
 
     loaded = load_plan(plan_file)
     loaded_profile, loaded_cluster = load_plan_inputs(loaded)
@@ -542,13 +542,13 @@ def simulate(
       hetplan simulate plan.yaml --timeline plan.svg
       hetplan simulate plan.yaml --trace plan.trace.json    # one event per task, for Perfetto
     """
-    from planner.contracts.plan import load_plan, load_plan_inputs
-    from planner.simulate import check_memory
-    from planner.simulate import simulate as run_simulation
-    from planner.simulate.timeline import check_timeline_path, write_timeline
-    from planner.simulate.trace import check_trace_path, write_trace
-    from planner.views import plan_is_emulated
-    from planner.views.simulation import simulation_renderables
+    from hetplan.contracts.plan import load_plan, load_plan_inputs
+    from hetplan.simulate import check_memory
+    from hetplan.simulate import simulate as run_simulation
+    from hetplan.simulate.timeline import check_timeline_path, write_timeline
+    from hetplan.simulate.trace import check_trace_path, write_trace
+    from hetplan.views import plan_is_emulated
+    from hetplan.views.simulation import simulation_renderables
 
     if timeline:  # a file that cannot be written fails before the simulation, not after
         check_timeline_path(timeline)
@@ -592,8 +592,8 @@ def export(runtime: str, plan_file: str, output_dir: str, as_json: bool) -> None
       hetplan export megatron plan.yaml -o megatron/
       hetplan export deepspeed plan.yaml -o ds/ && hetplan simulate ds/exported-plan.yaml --trace ds.json
     """
-    from planner.export import export_plan, export_rows, runtime_named
-    from planner.views.plan import compare_table, plan_band
+    from hetplan.export import export_plan, export_rows, runtime_named
+    from hetplan.views.plan import compare_table, plan_band
 
     chosen = runtime_named(runtime)  # an unknown runtime fails before any file is read
     loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
@@ -626,7 +626,7 @@ def export(runtime: str, plan_file: str, output_dir: str, as_json: bool) -> None
 
 # --------------------------------------------------------------------------- emit / launch / report
 def _plan_and_inputs(plan_file: str):
-    from planner.contracts.plan import check_plan, load_plan, load_plan_inputs
+    from hetplan.contracts.plan import check_plan, load_plan, load_plan_inputs
 
     loaded = load_plan(plan_file)
     loaded_profile, loaded_cluster = load_plan_inputs(loaded)
@@ -677,7 +677,7 @@ def _training_options(func: Any) -> Any:
 
 
 def _training(values: dict[str, Any]) -> Any:
-    from planner.local_job import TrainingOptions
+    from hetplan.local_job import TrainingOptions
 
     values = dict(values)
     values["dataset_kwargs"] = _parse_kwargs(values.pop("dataset_kwargs", None))
@@ -699,7 +699,7 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
       hetplan emit plan.yaml -o launch/ --master node0.example.org:29500
       # then on each node: bash launch/node-<name>.sh
     """
-    from planner.emit import emit_launch
+    from hetplan.emit import emit_launch
 
     loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
     options = _training(training).rank_config_kwargs()
@@ -752,7 +752,7 @@ def launch(
       hetplan launch plan.yaml --steps 200 --data book.txt      # a character-level language model
       hetplan launch plan.yaml --dataset mydata:build --optimizer adamw --clip-grad-norm 1 --warmup-steps 10
     """
-    from planner.local_job import train_here
+    from hetplan.local_job import train_here
 
     loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
     label = " (EMULATED device speeds)" if emulate else ""
@@ -790,16 +790,16 @@ def report(log_file: str, plan_file: str, as_json: bool) -> None:
     Example:
       hetplan report run.jsonl plan.yaml
     """
-    from planner.contracts.plan import load_plan
-    from planner.contracts.runlog import check_log_matches, load_run_log
-    from planner.views.report import report_renderables, report_rows
+    from hetplan.contracts.plan import load_plan
+    from hetplan.contracts.runlog import check_log_matches, load_run_log
+    from hetplan.views.report import report_renderables, report_rows
 
     records, loaded = load_run_log(log_file), load_plan(plan_file)
     check_log_matches(records, loaded, log_file=log_file)
     emulated = False
     try:  # the inputs say whether the plan's devices are emulated; a report works without them
-        from planner.contracts.plan import load_plan_inputs
-        from planner.views import plan_is_emulated
+        from hetplan.contracts.plan import load_plan_inputs
+        from hetplan.views import plan_is_emulated
 
         emulated = plan_is_emulated(loaded, load_plan_inputs(loaded)[1])
     except HetplanError:
@@ -829,8 +829,8 @@ def calibrate(profile_file: str, cluster_file: str, measurements_file: str, outp
       hetplan calibrate gpt.profile.yaml cluster.yaml measured.yaml -o calibrated/
       hetplan simulate plan-b.yaml --profile calibrated/profile.yaml --cluster calibrated/cluster.yaml
     """
-    from planner.calibrate import calibrate_files
-    from planner.calibrate.view import calibration_json, calibration_renderables
+    from hetplan.calibrate import calibrate_files
+    from hetplan.calibrate.view import calibration_json, calibration_renderables
 
     result, written = calibrate_files(profile_file, cluster_file, measurements_file, output_dir)
     if as_json:
@@ -849,7 +849,7 @@ def demo(output_dir: str) -> None:
     Example:
       hetplan demo -o demo/
     """
-    from planner.demo import run_demo
+    from hetplan.demo import run_demo
 
     run_demo(Path(output_dir), console=console)
 

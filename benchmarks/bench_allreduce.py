@@ -26,12 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.contracts.cluster import load_cluster  # noqa: E402
-from planner.contracts.plan import Pipeline, Plan, Stage  # noqa: E402
-from planner.contracts.yamlio import write_yaml  # noqa: E402
-from planner.emit import build_rank_config  # noqa: E402
-from planner.profile.measure import measure_profile  # noqa: E402
-from planner.runtime.launcher import launch_local  # noqa: E402
+from hetplan.contracts.cluster import load_cluster  # noqa: E402
+from hetplan.contracts.plan import Pipeline, Plan, Stage  # noqa: E402
+from hetplan.contracts.yamlio import write_yaml  # noqa: E402
+from hetplan.emit import build_rank_config  # noqa: E402
+from hetplan.profile.measure import measure_profile  # noqa: E402
+from hetplan.runtime.launcher import launch_local  # noqa: E402
 
 CLUSTERS = ROOT / "profiles" / "clusters"
 

@@ -31,16 +31,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.calibrate import calibrate_files  # noqa: E402
-from planner.calibrate.inputs import load_observations  # noqa: E402
-from planner.contracts.cluster import Cluster, load_cluster  # noqa: E402
-from planner.contracts.measurements import MeasuredRun, Measurements  # noqa: E402
-from planner.contracts.model_profile import ModelProfile, load_profile  # noqa: E402
-from planner.contracts.plan import Pipeline, Plan, Stage, load_plan  # noqa: E402
-from planner.contracts.yamlio import sha256_of, write_yaml  # noqa: E402
-from planner.demo import DEMO_MODEL  # noqa: E402
-from planner.simulate import simulate  # noqa: E402
-from planner.solve import PlanOptions, finalize_plan, plan_training  # noqa: E402
+from hetplan.calibrate import calibrate_files  # noqa: E402
+from hetplan.calibrate.inputs import load_observations  # noqa: E402
+from hetplan.contracts.cluster import Cluster, load_cluster  # noqa: E402
+from hetplan.contracts.measurements import MeasuredRun, Measurements  # noqa: E402
+from hetplan.contracts.model_profile import ModelProfile, load_profile  # noqa: E402
+from hetplan.contracts.plan import Pipeline, Plan, Stage, load_plan  # noqa: E402
+from hetplan.contracts.yamlio import sha256_of, write_yaml  # noqa: E402
+from hetplan.demo import DEMO_MODEL  # noqa: E402
+from hetplan.simulate import simulate  # noqa: E402
+from hetplan.solve import PlanOptions, finalize_plan, plan_training  # noqa: E402
 
 CLUSTER = ROOT / "profiles" / "clusters" / "local-2.yaml"
 MICRO_SIZES = (1, 2, 4, 8)
@@ -66,7 +66,7 @@ def stages(plan: Plan, cluster: Cluster) -> str:
 def measure(work: Path, repeat: int) -> Path:
     import torch
 
-    from planner.profile.measure import measure_profile
+    from hetplan.profile.measure import measure_profile
 
     torch.set_num_threads(1)
     profile = measure_profile(DEMO_MODEL, micro_batches=MICRO_SIZES, device="cpu", warmup=2, repeat=repeat)

@@ -45,14 +45,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.contracts.catalog import load_catalog  # noqa: E402
-from planner.errors import HetplanError  # noqa: E402
-from planner.profile.analytic.base import BlockCost  # noqa: E402
-from planner.profile.analytic.gpt import lm_head_block  # noqa: E402
-from planner.profile.analytic.transformer import attention_block, mlp_block  # noqa: E402
-from planner.profile.efficiency import achieved  # noqa: E402
-from planner.profile.importers.sailor import import_sailor  # noqa: E402
-from planner.profile.roofline import Efficiency, block_seconds, estimate_fwd_bwd  # noqa: E402
+from hetplan.contracts.catalog import load_catalog  # noqa: E402
+from hetplan.errors import HetplanError  # noqa: E402
+from hetplan.profile.analytic.base import BlockCost  # noqa: E402
+from hetplan.profile.analytic.gpt import lm_head_block  # noqa: E402
+from hetplan.profile.analytic.transformer import attention_block, mlp_block  # noqa: E402
+from hetplan.profile.efficiency import achieved  # noqa: E402
+from hetplan.profile.importers.sailor import import_sailor  # noqa: E402
+from hetplan.profile.roofline import Efficiency, block_seconds, estimate_fwd_bwd  # noqa: E402
 
 SAILOR = ROOT.parent / "shared" / "external" / "sailor" / "profiles.json"
 MODELS = ("OPT-350", "GPT-Neo-2.7", "LLAMA-3-8", "OPT-30")

@@ -24,13 +24,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from builders import make_cluster  # noqa: E402
 
-from planner.contracts.plan import Pipeline, Plan, Stage  # noqa: E402
-from planner.contracts.yamlio import write_yaml  # noqa: E402
-from planner.emit import build_rank_config  # noqa: E402
-from planner.profile.measure import measure_profile  # noqa: E402
-from planner.runtime.launcher import launch_local  # noqa: E402
-from planner.schedule.compile import compile_plan  # noqa: E402
-from planner.simulate.memory import plan_memory  # noqa: E402
+from hetplan.contracts.plan import Pipeline, Plan, Stage  # noqa: E402
+from hetplan.contracts.yamlio import write_yaml  # noqa: E402
+from hetplan.emit import build_rank_config  # noqa: E402
+from hetplan.profile.measure import measure_profile  # noqa: E402
+from hetplan.runtime.launcher import launch_local  # noqa: E402
+from hetplan.schedule.compile import compile_plan  # noqa: E402
+from hetplan.simulate.memory import plan_memory  # noqa: E402
 
 
 def _stage(start: int, end: int, *devices: str, shares: tuple[float, ...] | None = None) -> Stage:

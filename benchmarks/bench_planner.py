@@ -21,12 +21,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "solve"))
 
-from planner.contracts import load_catalog, load_cluster  # noqa: E402
-from planner.profile.analytic import analytic_profile  # noqa: E402
-from planner.profile.carry import carry_times  # noqa: E402
-from planner.profile.importers import import_pipedream, import_sailor  # noqa: E402
-from planner.solve import PlanOptions, plan_training  # noqa: E402
-from planner.solve.baselines import BASELINES  # noqa: E402
+from hetplan.contracts import load_catalog, load_cluster  # noqa: E402
+from hetplan.profile.analytic import analytic_profile  # noqa: E402
+from hetplan.profile.carry import carry_times  # noqa: E402
+from hetplan.profile.importers import import_pipedream, import_sailor  # noqa: E402
+from hetplan.solve import PlanOptions, plan_training  # noqa: E402
+from hetplan.solve.baselines import BASELINES  # noqa: E402
 
 CLUSTERS = ROOT / "profiles" / "clusters"
 SHARED = ROOT.parent / "shared" / "external"
@@ -122,7 +122,7 @@ def run_speed() -> None:
     import yaml
 
     raw = yaml.safe_load((CLUSTERS / "scale-a100-v100.yaml").read_text())
-    from planner.contracts.cluster import parse_cluster
+    from hetplan.contracts.cluster import parse_cluster
 
     for nodes in (2, 4, 8, 16, 32, 64):
         # half A100 nodes, half V100 nodes where possible

@@ -50,18 +50,18 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from planner.contracts.cluster import Cluster, load_cluster  # noqa: E402
-from planner.contracts.model_profile import ModelProfile  # noqa: E402
-from planner.contracts.plan import Pipeline, Plan, Stage  # noqa: E402
-from planner.contracts.yamlio import write_yaml  # noqa: E402
-from planner.emit import build_rank_config  # noqa: E402
-from planner.emit.rank_config import DEFAULT_LR  # noqa: E402
-from planner.models import resolve_model  # noqa: E402
-from planner.profile.measure import measure_profile  # noqa: E402
-from planner.runtime.launcher import launch_local  # noqa: E402
-from planner.simulate import simulate  # noqa: E402
-from planner.solve import PlanOptions, plan_training  # noqa: E402
-from planner.solve.baselines import balanced_cuts  # noqa: E402
+from hetplan.contracts.cluster import Cluster, load_cluster  # noqa: E402
+from hetplan.contracts.model_profile import ModelProfile  # noqa: E402
+from hetplan.contracts.plan import Pipeline, Plan, Stage  # noqa: E402
+from hetplan.contracts.yamlio import write_yaml  # noqa: E402
+from hetplan.emit import build_rank_config  # noqa: E402
+from hetplan.emit.rank_config import DEFAULT_LR  # noqa: E402
+from hetplan.models import resolve_model  # noqa: E402
+from hetplan.profile.measure import measure_profile  # noqa: E402
+from hetplan.runtime.launcher import launch_local  # noqa: E402
+from hetplan.simulate import simulate  # noqa: E402
+from hetplan.solve import PlanOptions, plan_training  # noqa: E402
+from hetplan.solve.baselines import balanced_cuts  # noqa: E402
 
 CLUSTERS = ROOT / "profiles" / "clusters"
 MICRO_SIZES = (1, 2, 4, 8, 16)
@@ -307,7 +307,7 @@ def torch_pp_worker(args: argparse.Namespace) -> None:
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from planner.runtime.optim import make_optimizer
+    from hetplan.runtime.optim import make_optimizer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))

@@ -15,7 +15,7 @@ per pipeline, 1F1B, Adam. Two placements:
   crosses the network and every node's NIC carries up to 8 flows at once (the worst case for the
   flow-sharing engine).
 
-Each figure is the best of ``--repeat`` calls of :func:`planner.simulate.simulate` (compile,
+Each figure is the best of ``--repeat`` calls of :func:`hetplan.simulate.simulate` (compile,
 build, run, statistics; no timeline), timed with ``time.perf_counter``.
 """
 
@@ -32,10 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.contracts.cluster import Cluster, load_cluster  # noqa: E402
-from planner.contracts.model_profile import Block, ModelProfile, Timing  # noqa: E402
-from planner.contracts.plan import Pipeline, Plan, Stage  # noqa: E402
-from planner.simulate import simulate  # noqa: E402
+from hetplan.contracts.cluster import Cluster, load_cluster  # noqa: E402
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing  # noqa: E402
+from hetplan.contracts.plan import Pipeline, Plan, Stage  # noqa: E402
+from hetplan.simulate import simulate  # noqa: E402
 
 CLUSTER = ROOT / "profiles" / "clusters" / "scale-a100-v100.yaml"
 N_BLOCKS, N_STAGES, MICRO_SIZE = 48, 8, 2

@@ -1,7 +1,7 @@
 """hetplan: plan and run hybrid pipeline + data parallel training on heterogeneous GPU clusters.
 
 Data flows one way: ``profile`` -> ``solve`` (plan) -> ``emit`` -> ``runtime``. The contracts that
-cross those borders live in :mod:`planner.contracts`.
+cross those borders live in :mod:`hetplan.contracts`.
 """
 
 __all__ = ["__version__"]

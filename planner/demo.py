@@ -16,19 +16,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.rule import Rule
 
-from planner.contracts.cluster import load_cluster
-from planner.contracts.paths import bundled_profiles_dir
-from planner.contracts.plan import load_plan, load_plan_inputs
-from planner.contracts.runlog import load_run_log
-from planner.contracts.yamlio import write_yaml
-from planner.errors import HetplanError
-from planner.simulate import simulate
-from planner.simulate.timeline import write_timeline
-from planner.solve import PlanOptions, finalize_plan, plan_training
-from planner.views import plan_is_emulated, print_all
-from planner.views.plan import compare_table, plan_summary_renderables
-from planner.views.report import report_renderables, report_rows
-from planner.views.simulation import simulation_renderables
+from hetplan.contracts.cluster import load_cluster
+from hetplan.contracts.paths import bundled_profiles_dir
+from hetplan.contracts.plan import load_plan, load_plan_inputs
+from hetplan.contracts.runlog import load_run_log
+from hetplan.contracts.yamlio import write_yaml
+from hetplan.errors import HetplanError
+from hetplan.simulate import simulate
+from hetplan.simulate.timeline import write_timeline
+from hetplan.solve import PlanOptions, finalize_plan, plan_training
+from hetplan.views import plan_is_emulated, print_all
+from hetplan.views.plan import compare_table, plan_summary_renderables
+from hetplan.views.report import report_renderables, report_rows
+from hetplan.views.simulation import simulation_renderables
 
 __all__ = ["DEMO_CLUSTER", "DEMO_MODEL", "run_demo"]
 
@@ -43,9 +43,9 @@ def run_demo(out: Path, *, console: Console, steps: int = DEMO_STEPS) -> None:
     try:
         import torch
 
-        from planner.emit import build_rank_config
-        from planner.profile.measure import measure_profile
-        from planner.runtime.launcher import launch_local
+        from hetplan.emit import build_rank_config
+        from hetplan.profile.measure import measure_profile
+        from hetplan.runtime.launcher import launch_local
     except ImportError:
         raise HetplanError(
             "the demo measures and trains a real model: install torch (pip install torch==2.13.0)", field="demo"

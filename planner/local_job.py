@@ -4,9 +4,9 @@
     job.summary      # 'trained 20 steps on 2 ranks (EMULATED device speeds): loss 6.26 -> 5.56; ...'
 
 What ``hetplan launch`` runs (cli.py only parses and prints). It orchestrates layers, as
-:mod:`planner.demo` does: the rank config (:mod:`planner.emit`), the checks that should fail once
+:mod:`hetplan.demo` does: the rank config (:mod:`hetplan.emit`), the checks that should fail once
 here rather than once per rank (a text file, a user dataset), and the local launcher
-(:mod:`planner.runtime.launcher`).
+(:mod:`hetplan.runtime.launcher`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan
-from planner.contracts.yamlio import write_yaml
-from planner.emit import build_rank_config
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan
+from hetplan.contracts.yamlio import write_yaml
+from hetplan.emit import build_rank_config
 
 __all__ = ["LocalJob", "TrainingOptions", "train_here"]
 
@@ -69,14 +69,14 @@ class LocalJob:
 def _check_inputs(profile: ModelProfile, plan: Plan, options: TrainingOptions) -> TrainingOptions:
     """Fail here, in one line, rather than in every rank: the text file, the user dataset."""
     if options.data:
-        from planner.models import resolve_model
-        from planner.runtime.textdata import batches_for
+        from hetplan.models import resolve_model
+        from hetplan.runtime.textdata import batches_for
 
         data = str(Path(options.data).resolve())
         batches_for(profile.model, resolve_model(profile.model), data)
         options = TrainingOptions(**{**options.__dict__, "data": data})
     if options.dataset:
-        from planner.runtime.dataset import check_dataset
+        from hetplan.runtime.dataset import check_dataset
 
         check_dataset(
             profile.model, options.dataset, options.dataset_kwargs, global_batch=plan.global_batch, seed=options.seed
@@ -102,7 +102,7 @@ def train_here(
     progress: Callable[[int, int], None] | None = None,
 ) -> LocalJob:
     """Train ``steps`` steps of ``plan`` with every rank on this machine (gloo)."""
-    from planner.runtime.launcher import launch_local
+    from hetplan.runtime.launcher import launch_local
 
     options = _check_inputs(profile, plan, options)
     config = build_rank_config(plan, profile, cluster, backend="gloo", **options.rank_config_kwargs())

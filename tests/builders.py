@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.contracts.cluster import Cluster, parse_cluster
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.contracts.plan import Pipeline, Plan, Stage
+from hetplan.contracts.cluster import Cluster, parse_cluster
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.plan import Pipeline, Plan, Stage
 
 
 def make_profile(

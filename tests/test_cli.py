@@ -9,11 +9,11 @@ import click
 import pytest
 import yaml
 
-import cli
-from cli import main
-from planner import __version__
-from planner.contracts import load_catalog, load_cluster
-from planner.contracts.paths import bundled_profiles_dir
+import hetplan.cli as cli
+from hetplan import __version__
+from hetplan.cli import main
+from hetplan.contracts import load_catalog, load_cluster
+from hetplan.contracts.paths import bundled_profiles_dir
 
 PROFILES = bundled_profiles_dir()
 CLUSTER_FILES = sorted((PROFILES / "clusters").glob("*.yaml"))

@@ -1,6 +1,6 @@
 """Calibration: fit a profile and a cluster to measured runs (``hetplan calibrate``; docs/calibration.md).
 
-    from planner.calibrate import calibrate_files
+    from hetplan.calibrate import calibrate_files
     result, (profile_path, cluster_path) = calibrate_files(profile, cluster, measurements, out_dir)
 
 Modules, one job each: ``inputs`` (measured runs, checked and reduced), ``params`` (the parameters
@@ -10,7 +10,7 @@ simulation reads), ``fit`` (least squares, identification),
 write), ``view`` (tables). None imports torch.
 """
 
-from planner.calibrate.calibration import Calibration, ParamFit, RunFit, calibrate
-from planner.calibrate.files import calibrate_files
+from hetplan.calibrate.calibration import Calibration, ParamFit, RunFit, calibrate
+from hetplan.calibrate.files import calibrate_files
 
 __all__ = ["Calibration", "ParamFit", "RunFit", "calibrate", "calibrate_files"]

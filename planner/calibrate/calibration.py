@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.calibrate.fit import RESOLUTION, FitResult, Problem, identify, resolution, solve
-from planner.calibrate.inputs import Observation, load_observations
-from planner.calibrate.memory import AllocatorPeak, ReserveFit, fit_reserves
-from planner.calibrate.params import Model, Param, block_kinds, candidate_params, timed_types
-from planner.contracts.catalog import Catalog, load_catalog
-from planner.contracts.cluster import Cluster
-from planner.contracts.measurements import Measurements
-from planner.contracts.model_profile import ModelProfile
-from planner.simulate import simulate
+from hetplan.calibrate.fit import RESOLUTION, FitResult, Problem, identify, resolution, solve
+from hetplan.calibrate.inputs import Observation, load_observations
+from hetplan.calibrate.memory import AllocatorPeak, ReserveFit, fit_reserves
+from hetplan.calibrate.params import Model, Param, block_kinds, candidate_params, timed_types
+from hetplan.contracts.catalog import Catalog, load_catalog
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.measurements import Measurements
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.simulate import simulate
 
 __all__ = ["Calibration", "ComputeRow", "ParamFit", "RunFit", "calibrate", "choose_per_kind", "round6"]
 

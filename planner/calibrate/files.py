@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.calibrate.calibration import Calibration, calibrate
-from planner.calibrate.write import build_note, output_mappings, write_outputs
-from planner.contracts.catalog import load_catalog
-from planner.contracts.cluster import parse_cluster
-from planner.contracts.measurements import load_measurements
-from planner.contracts.model_profile import load_profile
-from planner.contracts.yamlio import read_mapping, schema_of
+from hetplan.calibrate.calibration import Calibration, calibrate
+from hetplan.calibrate.write import build_note, output_mappings, write_outputs
+from hetplan.contracts.catalog import load_catalog
+from hetplan.contracts.cluster import parse_cluster
+from hetplan.contracts.measurements import load_measurements
+from hetplan.contracts.model_profile import load_profile
+from hetplan.contracts.yamlio import read_mapping, schema_of
 
 __all__ = ["calibrate_files"]
 

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import least_squares
 
-from planner.calibrate.inputs import Observation
-from planner.calibrate.params import Model, Param
-from planner.calibrate.relevance import relevance
-from planner.simulate import simulate
-from planner.simulate.simulator import SimResult
+from hetplan.calibrate.inputs import Observation
+from hetplan.calibrate.params import Model, Param
+from hetplan.calibrate.relevance import relevance
+from hetplan.simulate import simulate
+from hetplan.simulate.simulator import SimResult
 
 __all__ = [
     "LAMBDA",
@@ -103,7 +103,7 @@ class Problem:
     def simulate(self, theta: np.ndarray, runs: Sequence[int], active: Sequence[int]) -> dict[int, SimResult]:
         """Each of ``runs`` simulated with the ``active`` parameters at ``theta`` (the others at
         their input values: a zero latency stays zero, where ``theta = 0`` would mean
-        :data:`~planner.calibrate.params.LATENCY_START`). A run is simulated again only when a
+        :data:`~hetplan.calibrate.params.LATENCY_START`). A run is simulated again only when a
         parameter it reads has moved since a simulation already made."""
         out: dict[int, SimResult] = {}
         built = None

@@ -14,13 +14,13 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.measurements import MeasuredRun, Measurements
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan, check_plan, load_plan
-from planner.contracts.runlog import check_log_matches, load_run_log
-from planner.errors import HetplanError
-from planner.schedule.compile import CompiledPlan, compile_plan
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.measurements import MeasuredRun, Measurements
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan, check_plan, load_plan
+from hetplan.contracts.runlog import check_log_matches, load_run_log
+from hetplan.errors import HetplanError
+from hetplan.schedule.compile import CompiledPlan, compile_plan
 
 __all__ = ["WARMUP_STEPS", "Observation", "load_observations"]
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from planner.calibrate.inputs import Observation
-from planner.contracts.cluster import Cluster
-from planner.simulate.memory import MemoryUse
-from planner.simulate.simulator import SimResult
+from hetplan.calibrate.inputs import Observation
+from hetplan.contracts.cluster import Cluster
+from hetplan.simulate.memory import MemoryUse
+from hetplan.simulate.simulator import SimResult
 
 __all__ = ["AllocatorPeak", "MemoryPoint", "ReserveFit", "fit_reserves", "tensor_bytes"]
 

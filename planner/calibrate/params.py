@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from planner.contracts.catalog import Catalog
-from planner.contracts.cluster import Cluster, parse_cluster
-from planner.contracts.model_profile import ModelProfile, Timing
-from planner.errors import HetplanError
-from planner.units import parse_bandwidth, parse_time
+from hetplan.contracts.catalog import Catalog
+from hetplan.contracts.cluster import Cluster, parse_cluster
+from hetplan.contracts.model_profile import ModelProfile, Timing
+from hetplan.errors import HetplanError
+from hetplan.units import parse_bandwidth, parse_time
 
 __all__ = ["LATENCY_START", "Model", "Param", "block_kinds", "candidate_params", "timed_types"]
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import math
 
-from planner.calibrate.inputs import Observation
-from planner.calibrate.params import Model, Param
-from planner.contracts.cluster import Cluster
+from hetplan.calibrate.inputs import Observation
+from hetplan.calibrate.params import Model, Param
+from hetplan.contracts.cluster import Cluster
 
 __all__ = ["relevance"]
 

@@ -12,10 +12,10 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from planner.calibrate.calibration import Calibration, ParamFit
-from planner.calibrate.fit import NOISE, PRIOR_WIDTH, RESOLUTION
-from planner.calibrate.inputs import WARMUP_STEPS
-from planner.units import format_bandwidth, format_bytes, format_time
+from hetplan.calibrate.calibration import Calibration, ParamFit
+from hetplan.calibrate.fit import NOISE, PRIOR_WIDTH, RESOLUTION
+from hetplan.calibrate.inputs import WARMUP_STEPS
+from hetplan.units import format_bandwidth, format_bytes, format_time
 
 __all__ = ["calibration_json", "calibration_renderables"]
 

@@ -17,12 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from planner import __version__
-from planner.calibrate.calibration import Calibration, round6
-from planner.calibrate.fit import LAMBDA, NOISE, PRIOR_WIDTH, RESOLUTION
-from planner.calibrate.inputs import WARMUP_STEPS
-from planner.contracts.measurements import Measurements
-from planner.contracts.yamlio import sha256_of, write_yaml
+from hetplan import __version__
+from hetplan.calibrate.calibration import Calibration, round6
+from hetplan.calibrate.fit import LAMBDA, NOISE, PRIOR_WIDTH, RESOLUTION
+from hetplan.calibrate.inputs import WARMUP_STEPS
+from hetplan.contracts.measurements import Measurements
+from hetplan.contracts.yamlio import sha256_of, write_yaml
 
 __all__ = ["CLUSTER_FILE", "PROFILE_FILE", "build_note", "output_mappings", "write_outputs"]
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.catalog import CATALOG_SCHEMA, load_catalog
-from planner.contracts.cluster import CLUSTER_SCHEMA, parse_cluster
-from planner.contracts.measurements import MEASUREMENTS_SCHEMA, parse_measurements
-from planner.contracts.model_profile import PROFILE_SCHEMA, parse_profile
-from planner.contracts.plan import PLAN_SCHEMA, parse_plan
-from planner.contracts.runlog import load_run_log
-from planner.contracts.yamlio import read_mapping, schema_of
-from planner.errors import HetplanError
+from hetplan.contracts.catalog import CATALOG_SCHEMA, load_catalog
+from hetplan.contracts.cluster import CLUSTER_SCHEMA, parse_cluster
+from hetplan.contracts.measurements import MEASUREMENTS_SCHEMA, parse_measurements
+from hetplan.contracts.model_profile import PROFILE_SCHEMA, parse_profile
+from hetplan.contracts.plan import PLAN_SCHEMA, parse_plan
+from hetplan.contracts.runlog import load_run_log
+from hetplan.contracts.yamlio import read_mapping, schema_of
+from hetplan.errors import HetplanError
 
 __all__ = ["KINDS", "load_any"]
 

@@ -15,10 +15,10 @@ import difflib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from planner.contracts.fields import Fields
-from planner.contracts.paths import bundled_profiles_dir
-from planner.contracts.yamlio import read_mapping, schema_of
-from planner.errors import HetplanError
+from hetplan.contracts.fields import Fields
+from hetplan.contracts.paths import bundled_profiles_dir
+from hetplan.contracts.yamlio import read_mapping, schema_of
+from hetplan.errors import HetplanError
 
 __all__ = [
     "DEFAULT_FRAGMENTATION",
@@ -56,7 +56,7 @@ class AchievedEfficiency:
     """What real kernels reach on one device type, as fractions of its data-sheet peaks.
 
     A peak is an upper bound nobody trains at; these figures turn it into an honest estimate
-    (docs/estimates.md; the model that uses them is :mod:`planner.profile.efficiency`). Each bundled
+    (docs/estimates.md; the model that uses them is :mod:`hetplan.profile.efficiency`). Each bundled
     figure cites its source in profiles/devices.yaml.
 
     gemm: per dtype, the fraction of that dtype's peak a cuBLAS-class GEMM sustains at training
@@ -119,7 +119,7 @@ class DeviceType:
     #: cached but not reusable for the next request size); tensors x (1 + this) must fit.
     fragmentation: float = DEFAULT_FRAGMENTATION
     #: Achieved fractions of the peaks per kind of work (docs/estimates.md); None: the generic
-    #: figures of :mod:`planner.profile.efficiency`, used for inline types that state none.
+    #: figures of :mod:`hetplan.profile.efficiency`, used for inline types that state none.
     efficiency: AchievedEfficiency | None = None
 
     def math_dtype(self, dtype: str) -> str:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
-from planner.contracts.catalog import Catalog, DeviceType, load_catalog, parse_device_spec, parse_emulated
-from planner.contracts.fields import Fields
-from planner.contracts.yamlio import read_mapping, schema_of
-from planner.errors import HetplanError
+from hetplan.contracts.catalog import Catalog, DeviceType, load_catalog, parse_device_spec, parse_emulated
+from hetplan.contracts.fields import Fields
+from hetplan.contracts.yamlio import read_mapping, schema_of
+from hetplan.errors import HetplanError
 
 __all__ = ["CLUSTER_SCHEMA", "Cluster", "Device", "Link", "Node", "load_cluster", "parse_cluster"]
 

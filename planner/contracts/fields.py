@@ -20,8 +20,8 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from planner import units
-from planner.errors import HetplanError
+from hetplan import units
+from hetplan.errors import HetplanError
 
 __all__ = ["MISSING", "Fields"]
 

@@ -10,7 +10,7 @@ A run is a plan that was trained on the cluster, with either the iteration time 
 ``{NODE/INDEX: size}``, reserve included, as ``nvidia-smi`` reports it). Paths are relative to the
 measurements file's folder. This module checks the file itself; that each plan fits the profile and
 cluster being calibrated, and each run log fits its plan, is checked where those are loaded
-(:mod:`planner.calibrate.inputs`).
+(:mod:`hetplan.calibrate.inputs`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.fields import Fields
-from planner.contracts.yamlio import read_mapping, schema_of
+from hetplan.contracts.fields import Fields
+from hetplan.contracts.yamlio import read_mapping, schema_of
 
 __all__ = ["MEASUREMENTS_SCHEMA", "MeasuredRun", "Measurements", "load_measurements", "parse_measurements"]
 

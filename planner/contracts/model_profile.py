@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.catalog import DTYPE_BYTES, DTYPES, DeviceType
-from planner.contracts.fields import Fields
-from planner.contracts.yamlio import read_mapping, schema_of, write_yaml
-from planner.errors import HetplanError
+from hetplan.contracts.catalog import DTYPE_BYTES, DTYPES, DeviceType
+from hetplan.contracts.fields import Fields
+from hetplan.contracts.yamlio import read_mapping, schema_of, write_yaml
+from hetplan.errors import HetplanError
 
 __all__ = ["PROFILE_SCHEMA", "TIME_SOURCES", "Block", "ModelProfile", "Timing", "load_profile", "parse_profile"]
 

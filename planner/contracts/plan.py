@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner import __version__
-from planner.contracts.catalog import DTYPES
-from planner.contracts.cluster import Cluster, load_cluster
-from planner.contracts.fields import Fields
-from planner.contracts.model_profile import ModelProfile, load_profile
-from planner.contracts.yamlio import read_mapping, schema_of, sha256_of, write_yaml
-from planner.errors import HetplanError
+from hetplan import __version__
+from hetplan.contracts.catalog import DTYPES
+from hetplan.contracts.cluster import Cluster, load_cluster
+from hetplan.contracts.fields import Fields
+from hetplan.contracts.model_profile import ModelProfile, load_profile
+from hetplan.contracts.yamlio import read_mapping, schema_of, sha256_of, write_yaml
+from hetplan.errors import HetplanError
 
 __all__ = [
     "OPTIMIZERS",

@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.catalog import DTYPES
-from planner.contracts.fields import Fields
-from planner.contracts.plan import Plan
-from planner.contracts.yamlio import read_text
-from planner.errors import HetplanError
+from hetplan.contracts.catalog import DTYPES
+from hetplan.contracts.fields import Fields
+from hetplan.contracts.plan import Plan
+from hetplan.contracts.yamlio import read_text
+from hetplan.errors import HetplanError
 
 __all__ = ["RUNLOG_SCHEMA", "StepRecord", "check_log_matches", "load_run_log", "parse_record"]
 

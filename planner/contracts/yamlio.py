@@ -1,6 +1,6 @@
 """Read and write contract files: YAML in, typed objects out; deterministic bytes back.
 
-Loading never raises anything but :class:`~planner.errors.HetplanError`: a missing file, a YAML
+Loading never raises anything but :class:`~hetplan.errors.HetplanError`: a missing file, a YAML
 syntax error, binary garbage, an empty file, or a top level that is not a mapping all become one
 line naming the file. Dumping is deterministic: keys keep the order the caller built, floats are
 written with ``repr`` (shortest round-trip form), so the same object gives the same bytes.
@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from planner.errors import HetplanError
+from hetplan.errors import HetplanError
 
 __all__ = ["dump_yaml", "read_mapping", "read_text", "schema_of", "sha256_of", "write_yaml"]
 

@@ -11,12 +11,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan
-from planner.contracts.yamlio import write_yaml
-from planner.emit.rank_config import build_rank_config
-from planner.errors import HetplanError
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan
+from hetplan.contracts.yamlio import write_yaml
+from hetplan.emit.rank_config import build_rank_config
+from hetplan.errors import HetplanError
 
 __all__ = ["emit_launch", "torchrun_command"]
 
@@ -32,7 +32,7 @@ def torchrun_command(
         "--rdzv-backend=static",
         f"--rdzv-endpoint={endpoint}",
         "-m",
-        "planner.runtime.worker",
+        "hetplan.runtime.worker",
         config,
         "--node-name",  # not --node: torchrun's parser reads it as an ambiguous --node-rank
         node,

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner import __version__
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan
-from planner.contracts.rank_config import RANK_CONFIG_SCHEMA
-from planner.errors import HetplanError
-from planner.schedule.compile import compile_plan
+from hetplan import __version__
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan
+from hetplan.contracts.rank_config import RANK_CONFIG_SCHEMA
+from hetplan.errors import HetplanError
+from hetplan.schedule.compile import compile_plan
 
 __all__ = ["DEFAULT_LR", "RANK_CONFIG_SCHEMA", "build_rank_config"]
 
@@ -55,7 +55,7 @@ def build_rank_config(
         weight_decay: AdamW's decoupled weight decay (written for ``adamw`` only; default 0.01).
         clip_grad_norm: clip the whole model's gradient to this 2-norm (None: no clipping).
         warmup_steps, decay_steps, min_lr: linear warm-up from 0 to ``lr``, then cosine decay to
-            ``min_lr`` (:mod:`planner.runtime.lr_schedule`); all 0: a constant ``lr``.
+            ``min_lr`` (:mod:`hetplan.runtime.lr_schedule`); all 0: a constant ``lr``.
         data: a text file (a character-level language model).
         dataset, dataset_kwargs: a user's ``module:function`` returning a map-style dataset, and
             its keyword arguments.

@@ -5,12 +5,12 @@
     result.dropped            # one line per feature of the plan the runtime cannot express
     rows = export_rows(plan, result.exported, profile, cluster, name="Megatron-LM export")
 
-Each runtime runs one pipeline shape replicated (:mod:`planner.export.structure`); each module here
+Each runtime runs one pipeline shape replicated (:mod:`hetplan.export.structure`); each module here
 writes one runtime's files and keeps the list of keys it may write, with the document they come
-from (:mod:`~planner.export.deepspeed`, :mod:`~planner.export.megatron`, :mod:`~planner.export.torchtitan`).
+from (:mod:`~hetplan.export.deepspeed`, :mod:`~hetplan.export.megatron`, :mod:`~hetplan.export.torchtitan`).
 """
 
-from planner.export.compare import export_rows
-from planner.export.run import EXPORTED_PLAN, RUNTIMES, ExportResult, export_plan, runtime_named
+from hetplan.export.compare import export_rows
+from hetplan.export.run import EXPORTED_PLAN, RUNTIMES, ExportResult, export_plan, runtime_named
 
 __all__ = ["EXPORTED_PLAN", "RUNTIMES", "ExportResult", "export_plan", "export_rows", "runtime_named"]

@@ -1,7 +1,7 @@
 """Score an exported plan beside hetplan's own, by the same simulator on the same inputs.
 
     rows = export_rows(plan, exported, profile, cluster, name="DeepSpeed export")
-    console.print(compare_table(rows))      # planner.views.plan: the table ``hetplan compare`` prints
+    console.print(compare_table(rows))      # hetplan.views.plan: the table ``hetplan compare`` prints
 
 The rows have ``hetplan compare``'s shape (``name``, ``iteration_s``, ``speedup`` = the other's time
 over hetplan's), so the same table prints them; an exported plan that does not fit in memory has
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan
-from planner.simulate import simulate
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan
+from hetplan.simulate import simulate
 
 __all__ = ["export_rows"]
 

@@ -21,14 +21,14 @@ import json
 import shlex
 from typing import Any
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan
-from planner.emit.rank_config import DEFAULT_LR
-from planner.export.keys import check_documented, undocumented
-from planner.export.launch import MASTER_PORT
-from planner.export.partition import cut_distance, deepspeed_parameters, deepspeed_uniform
-from planner.export.structure import Cuts, Runtime, Uniform
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan
+from hetplan.emit.rank_config import DEFAULT_LR
+from hetplan.export.keys import check_documented, undocumented
+from hetplan.export.launch import MASTER_PORT
+from hetplan.export.partition import cut_distance, deepspeed_parameters, deepspeed_uniform
+from hetplan.export.structure import Cuts, Runtime, Uniform
 
 __all__ = ["DS_CONFIG_KEYS", "LAUNCHER_FLAGS", "PIPELINE_MODULE_ARGS", "RUNTIME", "TOPOLOGY_ARGS"]
 

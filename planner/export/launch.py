@@ -10,7 +10,7 @@ plan's devices on it, so local rank ``i`` is the ``i``-th device listed. Flags a
 
 from __future__ import annotations
 
-from planner.export.structure import Uniform
+from hetplan.export.structure import Uniform
 
 __all__ = ["MASTER_PORT", "TORCHRUN_FLAGS", "torchrun_script"]
 

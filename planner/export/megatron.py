@@ -14,14 +14,14 @@ size is what is left (``world size / (tensor x pipeline)``), the micro-batch cou
 
 from __future__ import annotations
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan
-from planner.emit.rank_config import DEFAULT_LR
-from planner.export.keys import check_documented
-from planner.export.launch import torchrun_script
-from planner.export.partition import TransformerLayers, cut_distance, transformer_layers
-from planner.export.structure import Cuts, Runtime, Uniform
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan
+from hetplan.emit.rank_config import DEFAULT_LR
+from hetplan.export.keys import check_documented
+from hetplan.export.launch import torchrun_script
+from hetplan.export.partition import TransformerLayers, cut_distance, transformer_layers
+from hetplan.export.structure import Cuts, Runtime, Uniform
 
 __all__ = ["ARGUMENTS", "RUNTIME", "parse_arguments"]
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.contracts.model_profile import ModelProfile
-from planner.errors import HetplanError
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.errors import HetplanError
 
 __all__ = [
     "TransformerLayers",

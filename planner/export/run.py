@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan, check_plan
-from planner.errors import HetplanError
-from planner.export import deepspeed, megatron, torchtitan
-from planner.export.structure import Runtime, Uniform, uniform_structure
-from planner.simulate import SimResult, simulate
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan, check_plan
+from hetplan.errors import HetplanError
+from hetplan.export import deepspeed, megatron, torchtitan
+from hetplan.export.structure import Runtime, Uniform, uniform_structure
+from hetplan.simulate import SimResult, simulate
 
 __all__ = ["EXPORTED_PLAN", "RUNTIMES", "ExportResult", "export_plan", "runtime_named"]
 

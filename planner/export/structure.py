@@ -32,10 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.simulate import simulate
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.simulate import simulate
 
 __all__ = ["Cuts", "Runtime", "Uniform", "uniform_structure"]
 
@@ -51,7 +51,7 @@ class Cuts:
 
 @dataclass(frozen=True)
 class Runtime:
-    """What a runtime can express, and how its files are written (one per module of planner.export)."""
+    """What a runtime can express, and how its files are written (one per module of hetplan.export)."""
 
     name: str
     title: str

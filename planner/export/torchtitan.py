@@ -23,14 +23,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan
-from planner.emit.rank_config import DEFAULT_LR
-from planner.export.keys import check_documented, undocumented
-from planner.export.launch import torchrun_script
-from planner.export.partition import nearest_cuts, transformer_layers
-from planner.export.structure import Cuts, Runtime, Uniform
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan
+from hetplan.emit.rank_config import DEFAULT_LR
+from hetplan.export.keys import check_documented, undocumented
+from hetplan.export.launch import torchrun_script
+from hetplan.export.partition import nearest_cuts, transformer_layers
+from hetplan.export.structure import Cuts, Runtime, Uniform
 
 __all__ = ["JOB_CONFIG_KEYS", "RUNTIME", "toml_text"]
 

@@ -1,11 +1,11 @@
 """Model families by name, without torch: settings, rules and architecture constants.
 
-    from planner.families import get_spec
+    from hetplan.families import get_spec
     get_spec("resnet").full_config({"depth": 18})   # {'depth': 18, 'image_size': 224, 'classes': 1000}
     get_spec("gtp")                                 # HetplanError: unknown model family 'gtp'; did you mean 'gpt'?
 
-The torch zoo (:mod:`planner.models`) builds these families' blocks and the analytic profiler
-(:mod:`planner.profile.analytic`) estimates their costs; both read the families from here, so the
+The torch zoo (:mod:`hetplan.models`) builds these families' blocks and the analytic profiler
+(:mod:`hetplan.profile.analytic`) estimates their costs; both read the families from here, so the
 runtime, which builds blocks, never loads the cost model.
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 import difflib
 from types import ModuleType
 
-from planner.errors import HetplanError
-from planner.families import bert, gpt, mlp, resnet, vgg
-from planner.families.base import FamilySpec, config_error, full_config
+from hetplan.errors import HetplanError
+from hetplan.families import bert, gpt, mlp, resnet, vgg
+from hetplan.families.base import FamilySpec, config_error, full_config
 
 __all__ = ["SPECS", "FamilySpec", "config_error", "full_config", "get_spec"]
 

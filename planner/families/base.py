@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import HetplanError
+from hetplan.errors import HetplanError
 
 __all__ = ["FamilySpec", "config_error", "full_config"]
 

@@ -1,7 +1,7 @@
 """A plain MLP: its settings.
 
-Torch-free, so the torch zoo (:mod:`planner.models`) and the analytic profiler
-(:mod:`planner.profile.analytic`) share one definition without depending on each other.
+Torch-free, so the torch zoo (:mod:`hetplan.models`) and the analytic profiler
+(:mod:`hetplan.profile.analytic`) share one definition without depending on each other.
 """
 
 from __future__ import annotations

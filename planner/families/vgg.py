@@ -1,12 +1,12 @@
 """VGG-16/19 (no batch norm): settings, rules and layout constants.
 
-Torch-free, so the torch zoo (:mod:`planner.models`) and the analytic profiler
-(:mod:`planner.profile.analytic`) share one definition without depending on each other.
+Torch-free, so the torch zoo (:mod:`hetplan.models`) and the analytic profiler
+(:mod:`hetplan.profile.analytic`) share one definition without depending on each other.
 """
 
 from __future__ import annotations
 
-from planner.families.base import config_error
+from hetplan.families.base import config_error
 
 __all__ = ["CHANNELS", "DEFAULTS", "FC_WIDTH", "HELP", "LAYOUTS", "MIN_IMAGE", "POOL_SIDE", "check"]
 

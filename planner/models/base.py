@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from planner.errors import HetplanError
+from hetplan.errors import HetplanError
 
 __all__ = ["FEATURES", "ClassificationTask", "ZooModel", "derive_seed", "sample_generator", "uninitialised"]
 

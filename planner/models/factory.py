@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.errors import HetplanError
-from planner.models.base import (
+from hetplan.errors import HetplanError
+from hetplan.models.base import (
     ClassificationTask,
     TaskModel,
     _check_batch_size,

@@ -4,7 +4,7 @@
     zoo.block_names()            # ['embedding', 'layer0.attn', 'layer0.mlp', ..., 'head']
     ids, next_ids = zoo.sample_batch(4, seed=0, step=0)     # long [4, 16] each
 
-Blocks as :mod:`planner.profile.analytic.gpt` lists them: ``embedding`` (token + position
+Blocks as :mod:`hetplan.profile.analytic.gpt` lists them: ``embedding`` (token + position
 lookups, summed), ``layerN.attn`` (LayerNorm, QKV, causal softmax attention written out as two
 matmuls, output projection, residual add), ``layerN.mlp`` (LayerNorm, Linear h->4h, GELU, Linear
 4h->h, residual add), ``head`` (final LayerNorm, Linear h->vocab without bias) returning logits
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from planner.models.base import ZooModel, _check_batch_size, derive_seed, uninitialised
+from hetplan.models.base import ZooModel, _check_batch_size, derive_seed, uninitialised
 
 __all__ = ["SUCCESSORS", "Attention", "Embedding", "GptModel", "Head", "Mlp"]
 

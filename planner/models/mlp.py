@@ -3,7 +3,7 @@
     zoo = MlpModel({"layers": 3, "width": 64, "input": 32, "classes": 10})
     zoo.block_names()           # ['layer0', 'layer1', 'layer2']
 
-Blocks as :mod:`planner.profile.analytic.mlp` lists them; torch's default initialisation. The
+Blocks as :mod:`hetplan.profile.analytic.mlp` lists them; torch's default initialisation. The
 synthetic task: random normal inputs, labels from a fixed random linear teacher, which an MLP
 learns quickly (the tests check that a few SGD steps lower the loss).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from planner.models.base import ClassificationTask, TaskModel
+from hetplan.models.base import ClassificationTask, TaskModel
 
 __all__ = ["MlpModel"]
 

@@ -1,10 +1,10 @@
-"""Resolve a profile's ``model`` section to a buildable :class:`~planner.models.base.ZooModel`.
+"""Resolve a profile's ``model`` section to a buildable :class:`~hetplan.models.base.ZooModel`.
 
     zoo = resolve_model({"family": "gpt", "config": {"layers": 2, "hidden": 64}})   # defaults filled in
     zoo.model        # {'family': 'gpt', 'config': {'layers': 2, 'hidden': 64, 'heads': 12, ...}}
     zoo = resolve_model({"factory": "pkg.mod:build", "config": {"width": 64}, "input_shape": [3, 32, 32]})
 
-Zoo families take their config keys, defaults and checks from :mod:`planner.families` (torch-free,
+Zoo families take their config keys, defaults and checks from :mod:`hetplan.families` (torch-free,
 shared with the analytic profiler), so a measured and an analytic profile of one config describe the
 same model, block for block, and building a model never loads the cost model.
 """
@@ -15,14 +15,14 @@ import difflib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from planner.errors import HetplanError
-from planner.families import get_spec
-from planner.models.base import ZooModel
-from planner.models.factory import FactoryModel
-from planner.models.gpt import GptModel
-from planner.models.mlp import MlpModel
-from planner.models.resnet import ResnetModel
-from planner.models.vgg import VggModel
+from hetplan.errors import HetplanError
+from hetplan.families import get_spec
+from hetplan.models.base import ZooModel
+from hetplan.models.factory import FactoryModel
+from hetplan.models.gpt import GptModel
+from hetplan.models.mlp import MlpModel
+from hetplan.models.resnet import ResnetModel
+from hetplan.models.vgg import VggModel
 
 __all__ = ["ZOO", "resolve_model"]
 

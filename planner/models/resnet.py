@@ -3,7 +3,7 @@
     zoo = ResnetModel({"depth": 18, "image_size": 32, "classes": 10})
     zoo.block_names()           # ['stem', 'layer1.0', 'layer1.1', ..., 'layer4.1', 'head']
 
-Blocks as :mod:`planner.profile.analytic.resnet` lists them: ``stem`` (conv 7x7/2, BatchNorm,
+Blocks as :mod:`hetplan.profile.analytic.resnet` lists them: ``stem`` (conv 7x7/2, BatchNorm,
 ReLU, max-pool 3x3/2), residual blocks ``layerI.J`` (basic for depth 18/34, bottleneck with the
 stride on its 3x3 convolution for 50/101/152, with a 1x1 convolution + BatchNorm downsample where
 the shape changes), ``head`` (global average pool, fully connected layer, returning logits).
@@ -17,7 +17,7 @@ published ResNets (and the analytic family's parameter and FLOP counts) use; Gro
 the batch dependence but is a different model.
 
 The synthetic task: random normal images, labels from a fixed random linear teacher
-(:class:`planner.models.base.ClassificationTask`).
+(:class:`hetplan.models.base.ClassificationTask`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.families.resnet import EXPANSION, LAYOUTS, WIDTHS
-from planner.models.base import ClassificationTask, TaskModel, uninitialised
+from hetplan.families.resnet import EXPANSION, LAYOUTS, WIDTHS
+from hetplan.models.base import ClassificationTask, TaskModel, uninitialised
 
 __all__ = ["Basic", "Bottleneck", "ResnetHead", "ResnetModel", "Stem"]
 

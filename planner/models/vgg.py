@@ -3,7 +3,7 @@
     zoo = VggModel({"depth": 16, "image_size": 32, "classes": 10})
     zoo.block_names()           # ['conv1_1', 'conv1_2', 'conv2_1', ..., 'fc6', 'fc7', 'fc8']
 
-Blocks as :mod:`planner.profile.analytic.vgg` groups them: each 3x3 convolution (with bias) and its
+Blocks as :mod:`hetplan.profile.analytic.vgg` groups them: each 3x3 convolution (with bias) and its
 ReLU is one block ``convS_I``, the 2x2 max-pool that ends a stage folded into the stage's last
 convolution block; ``fc6`` (adaptive average pool to 7x7, flatten, Linear 25088->4096, ReLU),
 ``fc7`` (Linear 4096->4096, ReLU), ``fc8`` (Linear 4096->classes, the logits). torchvision's two
@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.families.vgg import CHANNELS, FC_WIDTH, LAYOUTS, POOL_SIDE
-from planner.models.base import ClassificationTask, TaskModel, uninitialised
+from hetplan.families.vgg import CHANNELS, FC_WIDTH, LAYOUTS, POOL_SIDE
+from hetplan.models.base import ClassificationTask, TaskModel, uninitialised
 
 __all__ = ["ConvBlock", "FcBlock", "VggModel"]
 

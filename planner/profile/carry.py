@@ -3,7 +3,7 @@
     gpu_profile = carry_times(profile, "V100-16GB", [catalog.get("T4"), catalog.get("A100-80GB")])
 
 Each block's time at each micro-batch size is multiplied by the ratio of the two devices'
-estimates (:func:`planner.profile.roofline.scale_block_time`), from the same achieved-efficiency
+estimates (:func:`hetplan.profile.roofline.scale_block_time`), from the same achieved-efficiency
 model the analytic profiler uses: each kind of work in the block (GEMMs, attention matmuls,
 memory-bound kernels) scales by the ratio of the rates the two types actually reach for that kind,
 so a block's carried speed depends on its mix, not on paper peaks. The measurement keeps what the
@@ -31,13 +31,13 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from planner.contracts.catalog import Catalog, DeviceType
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.errors import HetplanError
-from planner.profile.analytic.base import Work, memory_work
-from planner.profile.analytic.registry import FAMILIES
-from planner.profile.analytic.transformer import attention_block, mlp_block
-from planner.profile.roofline import scale_block_time
+from hetplan.contracts.catalog import Catalog, DeviceType
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.errors import HetplanError
+from hetplan.profile.analytic.base import Work, memory_work
+from hetplan.profile.analytic.registry import FAMILIES
+from hetplan.profile.analytic.transformer import attention_block, mlp_block
+from hetplan.profile.roofline import scale_block_time
 
 __all__ = ["block_works", "carry_times"]
 
@@ -116,7 +116,7 @@ def carry_times(
     profile: ModelProfile, source_name: str, targets: list[DeviceType], *, catalog: Catalog | None = None
 ) -> ModelProfile:
     """A copy of ``profile`` with times for ``targets`` estimated from those of ``source_name``."""
-    from planner.contracts.catalog import load_catalog
+    from hetplan.contracts.catalog import load_catalog
 
     catalog = catalog or load_catalog()
     if source_name not in profile.device_types():

@@ -1,11 +1,11 @@
 """Say where a measured profile and the analytic formulas disagree.
 
-    from planner.profile.compare import compare_with_analytic
+    from hetplan.profile.compare import compare_with_analytic
     for line in compare_with_analytic(measured, {"family": "gpt", "config": {...}}):
         console.print(f"note: {line}")
 
 Per quantity (FLOPs, parameters, parameter bytes, activation bytes, output bytes), one line when
-some block differs from :mod:`planner.profile.analytic` by more than :data:`TOLERANCE`, naming up to
+some block differs from :mod:`hetplan.profile.analytic` by more than :data:`TOLERANCE`, naming up to
 three blocks and the totals. Expected differences (docs/profiling.md): the zoo has no dropout, so
 the analytic dropout masks are not kept; autograd keeps a few tensors the formulas leave out
 (LayerNorm's statistics, the GELU input, token ids) and the last block's activations include what
@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from planner.contracts.model_profile import ModelProfile
-from planner.errors import HetplanError
-from planner.profile.analytic.registry import FAMILIES
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.errors import HetplanError
+from hetplan.profile.analytic.registry import FAMILIES
 
 __all__ = ["QUANTITIES", "TOLERANCE", "compare_with_analytic"]
 

@@ -1,7 +1,7 @@
 """Achieved efficiency: how much of a device's data-sheet peaks real kernels reach, per kind of work.
 
-    from planner.contracts import load_catalog
-    from planner.profile.efficiency import achieved
+    from hetplan.contracts import load_catalog
+    from hetplan.profile.efficiency import achieved
     v100 = load_catalog().get("V100-16GB")
     a = achieved(v100, "fp16")
     a.gemm_flops        # FLOP/s a large GEMM sustains: 0.55 x 125e12
@@ -11,7 +11,7 @@ Why: a roofline at raw peak made every GPU look several times faster than it mea
 the *ratio* between two types follow their paper peaks, which is wrong exactly where a
 heterogeneous planner needs it right (a consumer card or a power-capped one reaches a far smaller
 fraction of its tensor peak than an A100). So each catalog type states, with a cited source, the
-fraction it reaches for each kind of work (:class:`~planner.contracts.catalog.AchievedEfficiency`),
+fraction it reaches for each kind of work (:class:`~hetplan.contracts.catalog.AchievedEfficiency`),
 and every estimate times each kind of work on its own roof:
 
 - ``gemm``: dense matmuls and convolutions (implicit GEMM), at the dtype's peak times the type's
@@ -32,8 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from planner.contracts.catalog import AchievedEfficiency, DeviceType
-from planner.errors import HetplanError
+from hetplan.contracts.catalog import AchievedEfficiency, DeviceType
+from hetplan.errors import HetplanError
 
 __all__ = ["GENERIC", "TILE", "WAVE_HALF", "Achieved", "achieved", "figures", "wave_saturation"]
 

@@ -1,6 +1,6 @@
 """Measure a real model block by block: times, parameters, saved activations, FLOPs.
 
-    from planner.profile.measure import measure_profile
+    from hetplan.profile.measure import measure_profile
     profile = measure_profile({"family": "gpt", "config": {"layers": 4, "hidden": 256}},
                               micro_batches=(1, 2, 4, 8), device="cpu", warmup=2, repeat=5)
     profile.save("gpt.cpu.yaml")          # times under `cpu`, source: measured
@@ -25,7 +25,7 @@ analytic profiles count), the bytes autograd saves for backward by
 output's bytes. Parameters and their bytes are counted from the module.
 
 ``estimate_for`` carries the measured times to other catalog types by the roofline ratio
-(:func:`planner.profile.carry.carry_times`), at the measured dtype: a CPU fp32 measurement becomes
+(:func:`hetplan.profile.carry.carry_times`), at the measured dtype: a CPU fp32 measurement becomes
 a GPU **fp32** estimate (CUDA cores, no TF32 or half-precision tensor cores). docs/profiling.md
 says how far to trust that.
 """
@@ -46,11 +46,11 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from planner.contracts.catalog import DTYPES, Catalog, DeviceType, load_catalog
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.errors import HetplanError
-from planner.models import ZooModel, resolve_model
-from planner.profile.carry import carry_times
+from hetplan.contracts.catalog import DTYPES, Catalog, DeviceType, load_catalog
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.errors import HetplanError
+from hetplan.models import ZooModel, resolve_model
+from hetplan.profile.carry import carry_times
 
 __all__ = ["cuda_device_type", "measure_profile", "saved_bytes", "saved_storages", "storage_key"]
 
@@ -401,7 +401,7 @@ def measure_profile(
 
     Args:
         model: ``{"family": ..., "config": {...}}`` or ``{"factory": "pkg.mod:fn", "config": {...},
-            "input_shape": [...]}``, as :func:`planner.models.resolve_model` takes.
+            "input_shape": [...]}``, as :func:`hetplan.models.resolve_model` takes.
         micro_batches: sizes to time (sorted, duplicates dropped); include 1.
         device: ``cpu``, ``cuda`` or ``cuda:N``.
         dtype: ``fp32``, ``tf32`` (CUDA only), ``fp16`` or ``bf16``: parameters and float inputs

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from planner.contracts.catalog import load_catalog
-from planner.contracts.model_profile import ModelProfile
-from planner.errors import HetplanError
+from hetplan.contracts.catalog import load_catalog
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.errors import HetplanError
 
 __all__ = ["analytic_request", "measure_request", "model_section", "summary_lines"]
 
@@ -43,7 +43,7 @@ def analytic_request(
     family: str, config: dict[str, Any], device_names: Sequence[str], *, dtype: str, micro_batches: Sequence[int]
 ) -> ModelProfile:
     """An analytic profile of a zoo family for catalog types (no torch)."""
-    from planner.profile.analytic import analytic_profile
+    from hetplan.profile.analytic import analytic_profile
 
     if ":" in family:
         raise HetplanError("--analytic needs a zoo family; a module:factory model is measured", field="MODEL")
@@ -67,7 +67,7 @@ def measure_request(
 ) -> ModelProfile:
     """Measure ``model`` here (torch), carried to the catalog types ``estimate_for`` names."""
     try:
-        from planner.profile.measure import measure_profile
+        from hetplan.profile.measure import measure_profile
     except ImportError:
         raise HetplanError(
             "measuring needs torch: pip install torch==2.13.0 (or add --analytic)", field="--analytic"
@@ -98,7 +98,7 @@ def summary_lines(profile: ModelProfile, output: str) -> tuple[list[str], str]:
     )
     notes: list[str] = []
     if measured and "family" in profile.model:
-        from planner.profile.compare import compare_with_analytic
+        from hetplan.profile.compare import compare_with_analytic
 
         notes = list(compare_with_analytic(profile, profile.model))
     if measured:

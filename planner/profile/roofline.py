@@ -3,15 +3,15 @@
 Used by the analytic profiler (FLOPs and bytes from formulas, times from here) and to carry a time
 measured on one device type to another (:func:`scale_block_time`)::
 
-    from planner.contracts import load_catalog
-    from planner.profile.analytic import FAMILIES
-    from planner.profile.roofline import block_seconds
+    from hetplan.contracts import load_catalog
+    from hetplan.profile.analytic import FAMILIES
+    from hetplan.profile.roofline import block_seconds
     v100 = load_catalog().get("V100-16GB")
     attn = FAMILIES["gpt"].blocks({"seq": 1024}, "fp16")[1]
     fwd, bwd = block_seconds(attn, v100, "fp16", 8)        # one micro-batch of 8
 
 The model of one block call at micro-batch ``m`` (docs/estimates.md): the block's kernels run one
-after another, so its time is the **sum** over its parts (:class:`~planner.profile.analytic.base.Work`)
+after another, so its time is the **sum** over its parts (:class:`~hetplan.profile.analytic.base.Work`)
 of each part's own roofline:
 
     gemm       max(m·F / (peak(dtype)·gemm_fraction·sat(m·tiles)), bytes(m) / (bandwidth·memory)) + k·launch
@@ -19,7 +19,7 @@ of each part's own roofline:
     memory     bytes(m) / (bandwidth·memory) + k·launch
     sat(t) = w / (w + 1/2), w = t / SMs             (wave quantization, smoothed)
 
-with the fractions of :mod:`planner.profile.efficiency` (per device type, cited in the catalog).
+with the fractions of :mod:`hetplan.profile.efficiency` (per device type, cited in the catalog).
 Backward does :data:`BACKWARD_FLOPS_FACTOR` x the FLOPs, twice the activation bytes and kernels.
 
 The older single-roof model (one ``max(compute, memory)`` per block at the raw peak times one
@@ -33,12 +33,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from planner.contracts.catalog import DTYPE_BYTES, DeviceType
-from planner.errors import HetplanError
-from planner.profile.efficiency import Achieved, achieved
+from hetplan.contracts.catalog import DTYPE_BYTES, DeviceType
+from hetplan.errors import HetplanError
+from hetplan.profile.efficiency import Achieved, achieved
 
 if TYPE_CHECKING:  # the analytic package imports this module; only the types are needed here
-    from planner.profile.analytic.base import BlockCost, Work
+    from hetplan.profile.analytic.base import BlockCost, Work
 
 __all__ = [
     "BACKWARD_FLOPS_FACTOR",
@@ -141,7 +141,7 @@ class Efficiency:
 
     One fraction of peak for every device type and every kind of work: it made every GPU look
     several times faster than measured and made device ratios follow paper peaks (docs/estimates.md
-    has the comparison). Passing one to :func:`~planner.profile.analytic.analytic_profile`
+    has the comparison). Passing one to :func:`~hetplan.profile.analytic.analytic_profile`
     reproduces such a profile; new estimates use :func:`block_seconds`.
 
     compute_max: best fraction of dense peak FLOP/s a matmul-heavy block sustains once saturated.

@@ -1,6 +1,6 @@
 """How far a predicted time can be trusted: a relative band from where the profile's times came from.
 
-    from planner.profile.trust import time_band
+    from hetplan.profile.trust import time_band
     band = time_band(profile, [catalog.get("A100-80GB"), catalog.get("V100-16GB")])
     band.label()              # 'estimated times: -21%/+39%, docs/estimates.md'
     band.interval(1.23)       # (0.97, 1.71): where the real time is expected to fall
@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from planner.contracts.catalog import DeviceType
-from planner.contracts.model_profile import ModelProfile
+from hetplan.contracts.catalog import DeviceType
+from hetplan.contracts.model_profile import ModelProfile
 
 __all__ = [
     "CARRIED",

@@ -68,10 +68,10 @@ from torch import nn
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.futures import Future
 
-from planner import __version__
-from planner.contracts.fields import Fields
-from planner.errors import HetplanError
-from planner.runtime.precision import Precision
+from hetplan import __version__
+from hetplan.contracts.fields import Fields
+from hetplan.errors import HetplanError
+from hetplan.runtime.precision import Precision
 
 __all__ = [
     "CHECKPOINT_SCHEMA",

@@ -1,11 +1,11 @@
 """Load the rank config (written by ``hetplan emit``) into typed objects the ranks use.
 
 The ``training`` section's optional keys (absent: today's behaviour): ``optimizer`` may name any
-runtime optimizer (:data:`planner.runtime.optim.OPTIMIZERS`, ``adamw`` included, overriding the
+runtime optimizer (:data:`hetplan.runtime.optim.OPTIMIZERS`, ``adamw`` included, overriding the
 plan's), ``weight_decay`` (AdamW only), ``clip_grad_norm`` (the maximum global gradient norm),
-``lr_schedule`` (``{warmup_steps, decay_steps, min_lr}``, :mod:`planner.runtime.lr_schedule`),
+``lr_schedule`` (``{warmup_steps, decay_steps, min_lr}``, :mod:`hetplan.runtime.lr_schedule`),
 ``data`` (a text file) or ``dataset`` with ``dataset_kwargs`` (a user's ``module:function``,
-:mod:`planner.runtime.dataset`).
+:mod:`hetplan.runtime.dataset`).
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.catalog import DTYPES
-from planner.contracts.fields import Fields
-from planner.contracts.plan import OPTIMIZERS as PLAN_OPTIMIZERS
-from planner.contracts.plan import PLAN_SCHEMA, Plan, parse_plan
-from planner.contracts.rank_config import RANK_CONFIG_SCHEMA
-from planner.contracts.yamlio import read_mapping
-from planner.errors import HetplanError
-from planner.runtime.lr_schedule import LrSchedule
-from planner.runtime.optim import OPTIMIZERS
+from hetplan.contracts.catalog import DTYPES
+from hetplan.contracts.fields import Fields
+from hetplan.contracts.plan import OPTIMIZERS as PLAN_OPTIMIZERS
+from hetplan.contracts.plan import PLAN_SCHEMA, Plan, parse_plan
+from hetplan.contracts.rank_config import RANK_CONFIG_SCHEMA
+from hetplan.contracts.yamlio import read_mapping
+from hetplan.errors import HetplanError
+from hetplan.runtime.lr_schedule import LrSchedule
+from hetplan.runtime.optim import OPTIMIZERS
 
 __all__ = ["DeviceEntry", "RuntimeConfig", "load_rank_config"]
 

@@ -11,7 +11,7 @@ a process:
 
 * the zoo's synthetic task or a text file (``--data``): the whole global batch is made (cheaply,
   sample by sample from seeded generators) and sliced, as before;
-* a user's dataset (``--dataset``, :mod:`planner.runtime.dataset`): only the positions asked for are
+* a user's dataset (``--dataset``, :mod:`hetplan.runtime.dataset`): only the positions asked for are
   read, one ``__getitem__`` per sample.
 """
 
@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 import torch
 
-from planner.contracts.plan import Plan
-from planner.errors import HetplanError
-from planner.models import ZooModel
-from planner.runtime.dataset import FIELD, UserDataset
-from planner.runtime.textdata import batches_for
+from hetplan.contracts.plan import Plan
+from hetplan.errors import HetplanError
+from hetplan.models import ZooModel
+from hetplan.runtime.dataset import FIELD, UserDataset
+from hetplan.runtime.textdata import batches_for
 
 __all__ = ["Samples", "StepRows", "micro_offsets", "open_samples", "pipeline_offsets"]
 

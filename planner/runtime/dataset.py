@@ -12,7 +12,7 @@ epoch is dropped, as a ``DataLoader`` with ``drop_last``); epoch ``e`` is a perm
 dataset drawn from a generator seeded by (seed, e), and step ``k``'s global batch is the next
 ``global_batch`` entries of it. Position ``i`` of the global batch therefore names one dataset index,
 the same on every rank, and a rank reads only the positions of its own samples (pipeline, micro-batch
-and replica offsets, :mod:`planner.runtime.data`): no data crosses a process, and a rank that needs
+and replica offsets, :mod:`hetplan.runtime.data`): no data crosses a process, and a rank that needs
 none (a middle stage) reads nothing. The single-process reference reads positions ``[0, B)``.
 
 Every sample read is checked against what the model takes (the zoo's own task says: the input's
@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from planner.errors import HetplanError
-from planner.models import ZooModel, derive_seed
-from planner.models.base import ClassificationTask
-from planner.models.factory import load_factory
+from hetplan.errors import HetplanError
+from hetplan.models import ZooModel, derive_seed
+from hetplan.models.base import ClassificationTask
+from hetplan.models.factory import load_factory
 
 __all__ = ["FIELD", "SampleSpec", "UserDataset", "check_dataset"]
 
@@ -195,7 +195,7 @@ def check_dataset(
 ) -> UserDataset:
     """Open the dataset and read step 0's first sample: what ``hetplan launch`` runs before it spawns
     any rank, so that a wrong dataset is one line from the command rather than one from every rank."""
-    from planner.models import resolve_model
+    from hetplan.models import resolve_model
 
     dataset = UserDataset(spec, kwargs, zoo=resolve_model(model), global_batch=global_batch, seed=seed)
     dataset.read(0, 0, 1)

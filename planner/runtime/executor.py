@@ -5,7 +5,7 @@ rank's loss is the SUM of its samples' losses divided by the global batch, micro
 and each gradient group is all-reduced with SUM over every device that holds it (replicas and
 pipelines alike); the shares of the batch are therefore weighted by their sample counts, exactly.
 
-The action list is executed as its contract says (:mod:`planner.schedule.compile`), which is what
+The action list is executed as its contract says (:mod:`hetplan.schedule.compile`), which is what
 the simulator times and the validator checks:
 
 * consecutive transfers are posted as one batch (``batch_isend_irecv``, as Megatron's
@@ -25,7 +25,7 @@ each rank adds the squares of the gradients of the blocks it is the lowest rank 
 once), which gives every rank the norm of the whole model's gradient for global-norm clipping with
 no collective of its own. The learning rate is the schedule's for the step's number, so a resumed
 run continues the schedule. Ranks that need data (first and last stages) read only their samples
-of the step (:mod:`planner.runtime.data`); the others read nothing.
+of the step (:mod:`hetplan.runtime.data`); the others read nothing.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.models import resolve_model
-from planner.runtime.comm import tag_of, wait
-from planner.runtime.config import RuntimeConfig
-from planner.runtime.data import micro_offsets, open_samples, pipeline_offsets
-from planner.runtime.optim import clip_coefficient
-from planner.runtime.precision import Precision, run_blocks
-from planner.schedule.actions import Action, Kind
-from planner.schedule.compile import CompiledPlan
+from hetplan.models import resolve_model
+from hetplan.runtime.comm import tag_of, wait
+from hetplan.runtime.config import RuntimeConfig
+from hetplan.runtime.data import micro_offsets, open_samples, pipeline_offsets
+from hetplan.runtime.optim import clip_coefficient
+from hetplan.runtime.precision import Precision, run_blocks
+from hetplan.schedule.actions import Action, Kind
+from hetplan.schedule.compile import CompiledPlan
 
 __all__ = ["RankExecutor", "StepStats"]
 

@@ -4,14 +4,14 @@
 
 The job is one torchrun agent (``torch.distributed.run --standalone --nproc-per-node N
 --max-restarts 0 --redirects 3 --log-dir RUN/torchrun``) running ``python -m
-planner.runtime.worker CONFIG --node-name NODES``: each worker finds its device by ``LOCAL_RANK`` among
+hetplan.runtime.worker CONFIG --node-name NODES``: each worker finds its device by ``LOCAL_RANK`` among
 the rank config's devices, in rank-config order (several nodes are listed comma-separated, so a
 plan of several nodes runs under the one agent too). What hetplan adds around torchrun:
 
 * **one line when a rank dies.** torchrun ends the other workers itself once one fails (it never
   restarts them: ``--max-restarts 0``); each worker gets a few seconds after SIGTERM to report what
-  it was waiting on (``planner.runtime.worker``). The agent runs through this module
-  (``python -m planner.runtime.launcher FAILURES -- TORCHRUN-ARGS``, which is ``torch.distributed.run``'s
+  it was waiting on (``hetplan.runtime.worker``). The agent runs through this module
+  (``python -m hetplan.runtime.launcher FAILURES -- TORCHRUN-ARGS``, which is ``torch.distributed.run``'s
   own parser and ``run``), so the failed ranks and their exit codes or signals come back as JSON
   rather than torchrun's multi-line report; the launcher joins them with each rank's last
   ``error:`` line (torchrun's ``--redirects 3`` puts each rank's stdout and stderr in
@@ -41,9 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.errors import HetplanError
-from planner.runtime.config import load_rank_config
-from planner.runtime.worker import TERM_GRACE_S  # what a worker has, after SIGTERM, to say where it was
+from hetplan.errors import HetplanError
+from hetplan.runtime.config import load_rank_config
+from hetplan.runtime.worker import TERM_GRACE_S  # what a worker has, after SIGTERM, to say where it was
 
 __all__ = ["LaunchResult", "launch_local"]
 
@@ -123,7 +123,7 @@ def launch_local(
     env["OMP_NUM_THREADS"] = str(threads)  # set: torchrun then neither overrides it nor warns
     env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     failures = work / "failures.json"
-    command = [sys.executable, "-m", "planner.runtime.launcher", str(failures), "--", *torchrun]
+    command = [sys.executable, "-m", "hetplan.runtime.launcher", str(failures), "--", *torchrun]
     start = time.time()
     with open(work / "agent.log", "w", encoding="utf-8") as agent_log:
         agent = subprocess.Popen(
@@ -193,7 +193,7 @@ def _worker_args(config_path: str | Path, nodes: list[str], *, steps: int, work:
     """
     return [
         "-m",
-        "planner.runtime.worker",
+        "hetplan.runtime.worker",
         str(Path(config_path).resolve()),
         "--node-name",
         ",".join(nodes),
@@ -346,7 +346,7 @@ def _details(work: Path, addresses: list[str]) -> str:
 
 
 def _agent(argv: list[str]) -> int:
-    """``python -m planner.runtime.launcher FAILURES -- TORCHRUN-ARGS``: torchrun's parser and ``run``.
+    """``python -m hetplan.runtime.launcher FAILURES -- TORCHRUN-ARGS``: torchrun's parser and ``run``.
 
     On a worker failure torchrun raises ``ChildFailedError`` with every failed rank's exit code;
     written as JSON it spares the launcher parsing torchrun's report (which goes to the agent log).

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
-from planner.runtime.optim import make_optimizer
+from hetplan.runtime.optim import make_optimizer
 
 __all__ = ["TORCH_DTYPES", "LossScaler", "Precision", "run_blocks"]
 

@@ -6,7 +6,7 @@ optimizer state, the same loss scaling), within the tolerance docs/runtime.md st
 runtime adds up per-micro-batch gradients where this takes one backward over the whole batch.
 
 It reads the same samples in the same order as the runtime (positions ``[0, B)`` of each step's
-global batch, :mod:`planner.runtime.data`), and clips with torch's own
+global batch, :mod:`hetplan.runtime.data`), and clips with torch's own
 ``torch.nn.utils.clip_grad_norm_`` on the unscaled gradients, so a test against it checks the
 runtime's norm across ranks, not the same code twice.
 """
@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from planner.models import resolve_model
-from planner.runtime.data import open_samples
-from planner.runtime.lr_schedule import LrSchedule
-from planner.runtime.precision import Precision, run_blocks
+from hetplan.models import resolve_model
+from hetplan.runtime.data import open_samples
+from hetplan.runtime.lr_schedule import LrSchedule
+from hetplan.runtime.precision import Precision, run_blocks
 
 __all__ = ["train_reference"]
 

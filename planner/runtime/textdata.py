@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from planner.errors import HetplanError
-from planner.models import derive_seed
+from hetplan.errors import HetplanError
+from hetplan.models import derive_seed
 
 __all__ = ["TextData"]
 

@@ -14,7 +14,7 @@ The order is checked after the abstract run, so an order that would also hang is
 deadlock it causes (the run pairs a send with the receive of the same key).
 
 The dynamic rule: execute the lists abstractly and refuse the schedule if some device can never go
-on. What a device's list means (the runtime contract, produced by :mod:`planner.schedule.compile`):
+on. What a device's list means (the runtime contract, produced by :mod:`hetplan.schedule.compile`):
 
 * ``F`` / ``B``: compute; always finishes.
 * a run of consecutive ``SA``/``RA``/``SG``/``RG`` is one *batch*, posted together
@@ -66,9 +66,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from planner.errors import HetplanError
-from planner.schedule.actions import Action, Kind
-from planner.schedule.compile import gc_paused
+from hetplan.errors import HetplanError
+from hetplan.schedule.actions import Action, Kind
+from hetplan.schedule.compile import gc_paused
 
 __all__ = ["SEMANTICS", "validate_programs"]
 

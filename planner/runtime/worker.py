@@ -1,4 +1,4 @@
-"""One rank: ``python -m planner.runtime.worker RANK_CONFIG (--node-name NAME | --device NODE/INDEX) --steps N``.
+"""One rank: ``python -m hetplan.runtime.worker RANK_CONFIG (--node-name NAME | --device NODE/INDEX) --steps N``.
 
 Launched by torchrun, one process per device: the device is the ``LOCAL_RANK``-th of
 ``--node-name``'s devices (``--node-name a,b`` lists several nodes' devices in that order, which is
@@ -71,7 +71,7 @@ def _stop_after_grace_on_sigterm(where: _Where) -> None:
 
 def _address_of(config, args: argparse.Namespace) -> str:
     """This rank's device: ``--device``, or the LOCAL_RANK-th device of the ``--node`` list."""
-    from planner.errors import HetplanError
+    from hetplan.errors import HetplanError
 
     if args.device:
         address = args.device
@@ -113,15 +113,15 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     import torch
     import torch.distributed as dist
 
-    from planner.contracts.runlog import RUNLOG_SCHEMA
-    from planner.errors import HetplanError
-    from planner.runtime.checkpoint import load_checkpoint
-    from planner.runtime.comm import RankFailureError
-    from planner.runtime.config import load_rank_config
-    from planner.runtime.executor import RankExecutor
-    from planner.runtime.memtrack import measure_peak
-    from planner.runtime.validate import validate_programs
-    from planner.schedule.compile import compile_plan
+    from hetplan.contracts.runlog import RUNLOG_SCHEMA
+    from hetplan.errors import HetplanError
+    from hetplan.runtime.checkpoint import load_checkpoint
+    from hetplan.runtime.comm import RankFailureError
+    from hetplan.runtime.config import load_rank_config
+    from hetplan.runtime.executor import RankExecutor
+    from hetplan.runtime.memtrack import measure_peak
+    from hetplan.runtime.validate import validate_programs
+    from hetplan.schedule.compile import compile_plan
 
     config = load_rank_config(args.config)
     address = where.address = _address_of(config, args)
@@ -269,9 +269,9 @@ class _Saver:
         self.crash_step = int(crash.split(":")[1]) if crash and int(crash.split(":")[0]) == self.rank else None
 
     def save(self, step: int) -> None:
-        from planner.errors import HetplanError
-        from planner.runtime.checkpoint import checkpoint_state, save_checkpoint, step_folder
-        from planner.runtime.comm import RankFailureError
+        from hetplan.errors import HetplanError
+        from hetplan.runtime.checkpoint import checkpoint_state, save_checkpoint, step_folder
+        from hetplan.runtime.comm import RankFailureError
 
         self.where.doing = f"saving checkpoint {step_folder(step)}"
         scaler = self.executor.precision.scaler
@@ -304,7 +304,7 @@ def _holders(compiled, block: int) -> tuple[str, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m planner.runtime.worker", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m hetplan.runtime.worker", description=__doc__)
     parser.add_argument("config")
     # --node-name and --run-log, not --node and --log, under torchrun: its own parser reads the
     # worker's arguments too and refuses a prefix of its options (--node-rank, --log-dir) as ambiguous
@@ -352,8 +352,8 @@ def main(argv: list[str] | None = None) -> None:
             _write_status(args.status_dir, where.rank or 0)
         run(args, where)
     except Exception as exc:
-        from planner.errors import HetplanError
-        from planner.runtime.comm import RankFailureError
+        from hetplan.errors import HetplanError
+        from hetplan.runtime.comm import RankFailureError
 
         known = isinstance(exc, (HetplanError, RankFailureError))
         text = str(exc) if known else f"{type(exc).__name__}: {exc}"

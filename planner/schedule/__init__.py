@@ -7,7 +7,7 @@ The simulator times these lists, the runtime executes them, the validator checks
 timeline draws them: one representation for all four (as torch.distributed.pipelining does).
 """
 
-from planner.schedule.actions import Action, Kind
-from planner.schedule.compile import DeviceProgram, GradGroup, Transfer, compile_plan, gradient_groups
+from hetplan.schedule.actions import Action, Kind
+from hetplan.schedule.compile import DeviceProgram, GradGroup, Transfer, compile_plan, gradient_groups
 
 __all__ = ["Action", "DeviceProgram", "GradGroup", "Kind", "Transfer", "compile_plan", "gradient_groups"]

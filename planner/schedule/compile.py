@@ -25,7 +25,7 @@ checks it under NCCL's semantics):
   other devices' work; ``OPT`` waits for them, then steps.
 
 A replicated stage's device computes only its share of each micro-batch (whole samples, from
-:func:`planner.contracts.plan.split_micro_batch`); between stages with different replica counts the
+:func:`hetplan.contracts.plan.split_micro_batch`); between stages with different replica counts the
 micro-batch is resharded: each pair of devices exchanges the overlap of their sample ranges.
 """
 
@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
-from planner.contracts.plan import Plan, split_micro_batch
-from planner.schedule.actions import Action, Kind
+from hetplan.contracts.plan import Plan, split_micro_batch
+from hetplan.schedule.actions import Action, Kind
 
 __all__ = ["CompiledPlan", "DeviceProgram", "GradGroup", "Transfer", "compile_plan", "gradient_groups", "stage_order"]
 

@@ -4,6 +4,6 @@ result = simulate(plan, profile, cluster)
 print(result.iteration_s, result.bubble_fraction, result.bottleneck)
 """
 
-from planner.simulate.simulator import SimResult, check_memory, simulate
+from hetplan.simulate.simulator import SimResult, check_memory, simulate
 
 __all__ = ["SimResult", "check_memory", "simulate"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from planner.contracts.cluster import Cluster, Device, Link
-from planner.contracts.model_profile import ModelProfile
+from hetplan.contracts.cluster import Cluster, Device, Link
+from hetplan.contracts.model_profile import ModelProfile
 
 __all__ = ["OPTIMIZER_STEP_BYTES", "CostModel", "hierarchical_allreduce_time", "ring_allreduce_time"]
 

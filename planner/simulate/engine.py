@@ -27,7 +27,7 @@ import heapq
 from collections.abc import Sequence
 from typing import Any
 
-from planner.errors import HetplanError
+from hetplan.errors import HetplanError
 
 __all__ = ["Engine"]
 

@@ -5,7 +5,7 @@
     use.total           # tensors x (1 + fragmentation) + the type's reserve: what must fit
     use.fits
 
-What the runtime (:mod:`planner.runtime.executor`) holds, and so what is counted here:
+What the runtime (:mod:`hetplan.runtime.executor`) holds, and so what is counted here:
 
 * **static**: the weights at the plan's dtype; the gradients (fp32 plans: ``.grad`` at fp32; fp16 and
   bf16 plans: an fp32 accumulation buffer per parameter, as Megatron's ``main_grad``); the optimizer
@@ -30,7 +30,7 @@ What the runtime (:mod:`planner.runtime.executor`) holds, and so what is counted
 The walk follows the schedule as it actually runs: 1F1B stage ``s`` of ``S`` holds at most
 ``min(S - s, M)`` micro-batches, GPipe all ``M``. The device type's reserve (CUDA context,
 workspaces, NCCL buffers) and allocator fragmentation come from the catalog
-(:class:`planner.contracts.catalog.DeviceType`): the plan fits when ``tensors x (1 + fragmentation) +
+(:class:`hetplan.contracts.catalog.DeviceType`): the plan fits when ``tensors x (1 + fragmentation) +
 reserve <= memory``.
 """
 
@@ -39,10 +39,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from planner.contracts.catalog import DeviceType
-from planner.contracts.model_profile import ModelProfile
-from planner.schedule.actions import Kind
-from planner.schedule.compile import CompiledPlan, DeviceProgram
+from hetplan.contracts.catalog import DeviceType
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.schedule.actions import Kind
+from hetplan.schedule.compile import CompiledPlan, DeviceProgram
 
 __all__ = [
     "FP32_BYTES",

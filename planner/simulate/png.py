@@ -1,6 +1,6 @@
 """Rasterise a timeline layout to PNG with matplotlib (an optional extra: ``pip install 'hetplan[png]'``).
 
-    picture = layout(result)                    # planner.simulate.timeline: shapes in pixels
+    picture = layout(result)                    # hetplan.simulate.timeline: shapes in pixels
     Path("plan.png").write_bytes(render_png(picture))
 
 The layout the SVG is written from is drawn shape by shape on a figure of exactly its pixel size
@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from planner.errors import HetplanError
+from hetplan.errors import HetplanError
 
 __all__ = ["INSTALL_HINT", "render_png", "require_matplotlib"]
 
@@ -40,8 +40,8 @@ def require_matplotlib() -> Any:
 
 
 def render_png(picture: Any) -> bytes:
-    """PNG bytes (RGBA, the layout's width x height pixels) of a :class:`planner.simulate.timeline.Layout`."""
-    from planner.simulate.timeline import Line, Rect
+    """PNG bytes (RGBA, the layout's width x height pixels) of a :class:`hetplan.simulate.timeline.Layout`."""
+    from hetplan.simulate.timeline import Line, Rect
 
     canvas_type, figure_type, line_collection, poly_collection = require_matplotlib()
     figure = figure_type(figsize=(picture.width / DPI, picture.height / DPI), dpi=DPI)

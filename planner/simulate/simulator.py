@@ -5,8 +5,8 @@
     result.devices["node0/0"].memory.fits
     result.critical_path            # [(what, seconds on the path), ...] longest first
 
-The plan compiles to per-device action lists (:mod:`planner.schedule`); each action becomes a task
-of a discrete-event run (:mod:`planner.simulate.engine`): forwards and backwards on their device in
+The plan compiles to per-device action lists (:mod:`hetplan.schedule`); each action becomes a task
+of a discrete-event run (:mod:`hetplan.simulate.engine`): forwards and backwards on their device in
 list order, activation and gradient transfers on the link between their two devices (inter-node
 transfers share each node's network link), each starting once its data is produced and its receiver
 has posted the receive (the receiver's compute before it has ended: NCCL's rendezvous), one
@@ -24,15 +24,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan, check_plan
-from planner.errors import HetplanError
-from planner.schedule.actions import Kind
-from planner.schedule.compile import CompiledPlan, compile_plan, gc_paused
-from planner.simulate.costs import CostModel
-from planner.simulate.engine import Engine
-from planner.simulate.memory import MemoryUse, plan_memory
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan, check_plan
+from hetplan.errors import HetplanError
+from hetplan.schedule.actions import Kind
+from hetplan.schedule.compile import CompiledPlan, compile_plan, gc_paused
+from hetplan.simulate.costs import CostModel
+from hetplan.simulate.engine import Engine
+from hetplan.simulate.memory import MemoryUse, plan_memory
 
 __all__ = ["DeviceStats", "SimResult", "StageStats", "check_memory", "simulate"]
 
@@ -491,7 +491,7 @@ def check_memory(result: SimResult, plan: Plan) -> None:
     """Raise a one-line error naming the pipeline, stage and device of the first stage that does not fit."""
     for address, d in result.devices.items():
         if not d.memory.fits:
-            from planner.units import format_bytes
+            from hetplan.units import format_bytes
 
             m = d.memory
             raise HetplanError(

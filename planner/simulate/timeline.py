@@ -9,9 +9,9 @@ Given the cluster, the subtitle says when device speeds are emulated (DESIGN.md:
 labelled everywhere it shows).
 
 One layout (:func:`layout`: rectangles, lines and text in pixel coordinates) is drawn two ways:
-as SVG text here, and as PNG by matplotlib (:mod:`planner.simulate.png`, an optional extra), so the
+as SVG text here, and as PNG by matplotlib (:mod:`hetplan.simulate.png`, an optional extra), so the
 two pictures agree. To explore an iteration rather than look at it, write a Chrome trace instead
-(:mod:`planner.simulate.trace`) and open it in Perfetto.
+(:mod:`hetplan.simulate.trace`) and open it in Perfetto.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from html import escape
 from pathlib import Path
 from typing import NamedTuple
 
-from planner.contracts.cluster import Cluster
-from planner.errors import HetplanError
-from planner.simulate.simulator import SimResult
+from hetplan.contracts.cluster import Cluster
+from hetplan.errors import HetplanError
+from hetplan.simulate.simulator import SimResult
 
 __all__ = [
     "COLOURS",
@@ -189,7 +189,7 @@ def render_png(
     result: SimResult, *, title: str = "", width: int = 1200, row_height: int = 22, cluster: Cluster | None = None
 ) -> bytes:
     """The same picture as :func:`render_svg`, as PNG bytes (needs matplotlib: ``hetplan[png]``)."""
-    from planner.simulate.png import render_png as rasterise
+    from hetplan.simulate.png import render_png as rasterise
 
     return rasterise(layout(result, title=title, width=width, row_height=row_height, cluster=cluster))
 
@@ -205,7 +205,7 @@ def check_timeline_path(path: str | Path) -> None:
             field="--timeline",
         )
     if suffix == ".png":
-        from planner.simulate.png import require_matplotlib
+        from hetplan.simulate.png import require_matplotlib
 
         require_matplotlib()
 

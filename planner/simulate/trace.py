@@ -28,10 +28,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from planner import __version__
-from planner.contracts.cluster import Cluster
-from planner.errors import HetplanError
-from planner.simulate.simulator import SimResult
+from hetplan import __version__
+from hetplan.contracts.cluster import Cluster
+from hetplan.errors import HetplanError
+from hetplan.simulate.simulator import SimResult
 
 __all__ = ["CATEGORIES", "check_trace_path", "chrome_trace", "parse_label", "write_trace"]
 
@@ -41,7 +41,7 @@ CATEGORIES = {"F": "forward", "B": "backward", "send": "transfer", "allreduce": 
 #: Thread ids: ``device number * _TID_STRIDE + row`` (row 0 compute, 1.. communication).
 _TID_STRIDE = 1000
 
-# The task descriptions the simulator writes (``planner.simulate.simulator.TaskInfo.__str__``).
+# The task descriptions the simulator writes (``hetplan.simulate.simulator.TaskInfo.__str__``).
 _LABELS = {
     "compute": re.compile(
         r"^(?P<kind>[FB])(?P<micro_batch>\d+) of pipeline (?P<pipeline>\d+) stage (?P<stage>\d+) on \S+$"

@@ -4,11 +4,11 @@
     plan = finalize_plan(result, profile_path=..., cluster_path=..., output="plan.yaml", ...)
     plan.save("plan.yaml")
 
-The solver never imports torch; it scores candidates with :mod:`planner.simulate`.
+The solver never imports torch; it scores candidates with :mod:`hetplan.simulate`.
 """
 
-from planner.solve.planfile import finalize_plan
-from planner.solve.search import PlanOptions, PlanResult
-from planner.solve.training import plan_training
+from hetplan.solve.planfile import finalize_plan
+from hetplan.solve.search import PlanOptions, PlanResult
+from hetplan.solve.training import plan_training
 
 __all__ = ["PlanOptions", "PlanResult", "finalize_plan", "plan_training"]

@@ -22,12 +22,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from planner.contracts.cluster import Cluster, parse_cluster
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.errors import HetplanError
-from planner.solve.batching import micro_batch_list
-from planner.solve.search import Candidate, PlanOptions, search_only, simulate_or_none
+from hetplan.contracts.cluster import Cluster, parse_cluster
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.errors import HetplanError
+from hetplan.solve.batching import micro_batch_list
+from hetplan.solve.search import Candidate, PlanOptions, search_only, simulate_or_none
 
 __all__ = ["BASELINES", "balanced_cuts", "baseline_plans", "equal_shares"]
 
@@ -168,7 +168,7 @@ def _data_parallel(
 def baseline_plans(
     profile: ModelProfile, cluster: Cluster, opts: PlanOptions, reference: Plan | None
 ) -> dict[str, Candidate | None]:
-    """Every baseline as a scored :class:`~planner.solve.search.Candidate` (None where it does not fit)."""
+    """Every baseline as a scored :class:`~hetplan.solve.search.Candidate` (None where it does not fit)."""
     out: dict[str, Candidate | None] = {}
 
     def score(name: str, plan: Plan | None) -> None:

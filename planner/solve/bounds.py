@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linprog
 
-from planner.contracts.cluster import Cluster
-from planner.errors import HetplanError
-from planner.solve.tables import CostTables
+from hetplan.contracts.cluster import Cluster
+from hetplan.errors import HetplanError
+from hetplan.solve.tables import CostTables
 
 __all__ = ["compute_lower_bound"]
 

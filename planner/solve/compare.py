@@ -3,7 +3,7 @@
     rows = compare_rows(plan, profile, cluster, others={"megatron": exported})
     rows[0]    # {"name": "hetplan", "iteration_s": ..., "speedup": 1.0}
 
-The rows are data; :func:`planner.views.plan.compare_table` renders them (and adds each row's band).
+The rows are data; :func:`hetplan.views.plan.compare_table` renders them (and adds each row's band).
 Baselines come from the plan file when it recorded them (what ``hetplan plan`` found), else they
 are computed now on the same inputs.
 """
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan, load_plan_inputs
-from planner.errors import HetplanError
-from planner.simulate import simulate
-from planner.solve.baselines import baseline_plans
-from planner.solve.search import PlanOptions
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan, load_plan_inputs
+from hetplan.errors import HetplanError
+from hetplan.simulate import simulate
+from hetplan.solve.baselines import baseline_plans
+from hetplan.solve.search import PlanOptions
 
 __all__ = ["compare_rows", "same_inputs"]
 

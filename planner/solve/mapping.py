@@ -23,8 +23,8 @@ import warnings
 
 import pulp
 
-from planner.contracts.cluster import Cluster, Device
-from planner.errors import HetplanError
+from hetplan.contracts.cluster import Cluster, Device
+from hetplan.errors import HetplanError
 
 __all__ = ["pair_nodes"]
 

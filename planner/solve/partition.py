@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.contracts.cluster import Device, Link
-from planner.contracts.plan import split_micro_batch
-from planner.solve.tables import CostTables
+from hetplan.contracts.cluster import Device, Link
+from hetplan.contracts.plan import split_micro_batch
+from hetplan.solve.tables import CostTables
 
 __all__ = ["Partition", "Slot", "in_flight", "partition", "slot_fits", "slot_times"]
 

@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.plan import Plan
-from planner.contracts.yamlio import sha256_of
-from planner.solve.search import PlanResult, plan_details
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.plan import Plan
+from hetplan.contracts.yamlio import sha256_of
+from hetplan.solve.search import PlanResult, plan_details
 
 __all__ = ["baseline_section", "finalize_plan"]
 

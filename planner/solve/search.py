@@ -3,12 +3,12 @@
     searched = search_plans(profile, cluster, PlanOptions(global_batch=512))
     result = best_plan(searched, baselines, profile, cluster, opts)   # or search_only(...)
 
-:func:`planner.solve.training.plan_training` runs the whole planner: this search, then the
-baselines (:mod:`planner.solve.baselines`, which may run this search themselves), then the choice.
+:func:`hetplan.solve.training.plan_training` runs the whole planner: this search, then the
+baselines (:mod:`hetplan.solve.baselines`, which may run this search themselves), then the choice.
 
 Search, in order:
 
-1. **Structures** (:mod:`planner.solve.structures`): which devices form which pipeline, in which order.
+1. **Structures** (:mod:`hetplan.solve.structures`): which devices form which pipeline, in which order.
 2. **Per structure and micro-batch size**: the exact partition DP for each distinct pipeline
    (cached: identical pipelines are solved once), batch shares by water-filling on each pipeline's
    closed-form time (Stannis: a pipeline's share follows its speed), an estimate of the exposed
@@ -27,19 +27,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.contracts.cluster import Cluster, Link
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Pipeline, Plan, Stage, check_dtype_supported, check_plan
-from planner.errors import HetplanError
-from planner.schedule.compile import compile_plan
-from planner.simulate.costs import CostModel
-from planner.simulate.memory import plan_memory
-from planner.simulate.simulator import SimResult, simulate
-from planner.solve.batching import allocate_batch, micro_batch_list, startup_splits
-from planner.solve.bounds import compute_lower_bound
-from planner.solve.partition import Partition, Slot, partition
-from planner.solve.structures import EXHAUSTIVE_DEVICES, EXHAUSTIVE_STRUCTURES, Structure, candidate_structures
-from planner.solve.tables import CostTables
+from hetplan.contracts.cluster import Cluster, Link
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Pipeline, Plan, Stage, check_dtype_supported, check_plan
+from hetplan.errors import HetplanError
+from hetplan.schedule.compile import compile_plan
+from hetplan.simulate.costs import CostModel
+from hetplan.simulate.memory import plan_memory
+from hetplan.simulate.simulator import SimResult, simulate
+from hetplan.solve.batching import allocate_batch, micro_batch_list, startup_splits
+from hetplan.solve.bounds import compute_lower_bound
+from hetplan.solve.partition import Partition, Slot, partition
+from hetplan.solve.structures import EXHAUSTIVE_DEVICES, EXHAUSTIVE_STRUCTURES, Structure, candidate_structures
+from hetplan.solve.tables import CostTables
 
 __all__ = [
     "Candidate",
@@ -292,7 +292,7 @@ def _refine(
 
 def _infeasible(profile: ModelProfile, cluster: Cluster, opts: PlanOptions, tables: CostTables) -> HetplanError:
     """Say what would make the model fit."""
-    from planner.units import format_bytes
+    from hetplan.units import format_bytes
 
     n_devices = len(cluster.devices)
     largest = max(cluster.devices, key=lambda d: d.type.memory)

@@ -11,7 +11,7 @@ families that cover what heterogeneity-aware planners build:
 * per type, pipelines of S stages inside a node or spanning several nodes of that type (Metis,
   Sailor), optionally with stages replicated r ways inside a node (DAPPLE, PipeDream);
 * mixed virtual workers that take a node-slice of every type (HetPipe), stage order by memory, the
-  slices paired by an assignment ILP (:mod:`planner.solve.mapping`) so the cuts between them cross
+  slices paired by an assignment ILP (:mod:`hetplan.solve.mapping`) so the cuts between them cross
   the fastest links and no node carries two workers' cuts;
 * any subset of device types, so a type that would slow the iteration can be left idle.
 """
@@ -22,9 +22,9 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from planner.contracts.cluster import Cluster, Device
-from planner.solve.mapping import pair_nodes
-from planner.solve.partition import Slot
+from hetplan.contracts.cluster import Cluster, Device
+from hetplan.solve.mapping import pair_nodes
+from hetplan.solve.partition import Slot
 
 __all__ = [
     "EXHAUSTIVE_DEVICES",

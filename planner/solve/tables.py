@@ -14,10 +14,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from planner.contracts.catalog import DeviceType
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.simulate.memory import static_bytes_per_param
+from hetplan.contracts.catalog import DeviceType
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.simulate.memory import static_bytes_per_param
 
 __all__ = ["CostTables"]
 

@@ -5,7 +5,7 @@
     result.sim             # the simulated iteration of the chosen plan
     result.baselines       # uniform, DeepSpeed's, homogeneous, data parallel: each scored the same way
 
-The one module that depends on both :mod:`planner.solve.search` and :mod:`planner.solve.baselines`,
+The one module that depends on both :mod:`hetplan.solve.search` and :mod:`hetplan.solve.baselines`,
 so neither depends on the other's caller: baselines that run a planner of their own (the
 homogeneous ones) call the search alone.
 """
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.solve.baselines import baseline_plans
-from planner.solve.search import PlanOptions, PlanResult, best_plan, search_plans
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.solve.baselines import baseline_plans
+from hetplan.solve.search import PlanOptions, PlanResult, best_plan, search_plans
 
 __all__ = ["plan_training"]
 

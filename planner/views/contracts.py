@@ -13,12 +13,12 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from planner.contracts.catalog import DTYPES, Catalog
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan
-from planner.contracts.runlog import StepRecord
-from planner.units import format_bandwidth, format_bytes, format_time
+from hetplan.contracts.catalog import DTYPES, Catalog
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan
+from hetplan.contracts.runlog import StepRecord
+from hetplan.units import format_bandwidth, format_bytes, format_time
 
 __all__ = ["renderables", "summary"]
 
@@ -243,7 +243,7 @@ _SUMMARIES = {
 
 def renderables(kind: str, obj: Any) -> list[Any]:
     """Rich objects that show ``obj`` (a loaded contract of ``kind``) to a person; a plan needs its
-    cluster, so it is shown by :func:`planner.views.plan.plan_summary_renderables` instead."""
+    cluster, so it is shown by :func:`hetplan.views.plan.plan_summary_renderables` instead."""
     out = _TABLES[kind](obj)
     return out if isinstance(out, list) else [out]
 

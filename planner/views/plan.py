@@ -1,6 +1,6 @@
 """What ``hetplan plan``, ``show`` and ``compare`` print about a plan.
 
-Every predicted iteration time is printed with its band (:mod:`planner.profile.trust`): how far the
+Every predicted iteration time is printed with its band (:mod:`hetplan.profile.trust`): how far the
 real time may lie from it, given where the profile's times came from, e.g.
 ``1.23 s (estimated times: -21%/+39%, docs/estimates.md)``.
 """
@@ -12,12 +12,12 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from planner.contracts.cluster import Cluster
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Plan
-from planner.errors import HetplanError
-from planner.profile.trust import Band, time_band
-from planner.units import format_bytes, format_time
+from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan
+from hetplan.errors import HetplanError
+from hetplan.profile.trust import Band, time_band
+from hetplan.units import format_bytes, format_time
 
 __all__ = ["compare_table", "plan_band", "plan_json_band", "plan_summary_renderables", "with_bands"]
 
@@ -29,7 +29,7 @@ def plan_band(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Band:
 
 def plan_json_band(plan: Plan) -> dict[str, Any] | None:
     """The band for ``show --json`` of a plan file: from the inputs it names (None if unreadable)."""
-    from planner.contracts.plan import load_plan_inputs
+    from hetplan.contracts.plan import load_plan_inputs
 
     try:
         profile, cluster = load_plan_inputs(plan)
@@ -40,7 +40,7 @@ def plan_json_band(plan: Plan) -> dict[str, Any] | None:
 
 def _profile_of(plan: Plan) -> ModelProfile | None:
     """The plan's profile, loaded from the path it records (None when it cannot be read)."""
-    from planner.contracts.plan import load_plan_inputs
+    from hetplan.contracts.plan import load_plan_inputs
 
     if "profile" not in (plan.inputs or {}):
         return None  # a plan not yet written (no input paths)

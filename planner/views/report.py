@@ -8,9 +8,9 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from planner.contracts.plan import Plan
-from planner.contracts.runlog import StepRecord
-from planner.units import format_bytes, format_time
+from hetplan.contracts.plan import Plan
+from hetplan.contracts.runlog import StepRecord
+from hetplan.units import format_bytes, format_time
 
 __all__ = ["report_renderables", "report_rows"]
 

@@ -7,8 +7,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from planner.simulate.simulator import SimResult
-from planner.units import format_bytes, format_time
+from hetplan.simulate.simulator import SimResult
+from hetplan.units import format_bytes, format_time
 
 __all__ = ["simulation_renderables"]
 

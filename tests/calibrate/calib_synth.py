@@ -14,13 +14,13 @@ from typing import Any
 
 from builders import make_profile
 
-from planner.calibrate.params import Model, candidate_params
-from planner.contracts.catalog import load_catalog
-from planner.contracts.cluster import parse_cluster
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.contracts.runlog import RUNLOG_SCHEMA
-from planner.contracts.yamlio import write_yaml
-from planner.simulate import simulate
+from hetplan.calibrate.params import Model, candidate_params
+from hetplan.contracts.catalog import load_catalog
+from hetplan.contracts.cluster import parse_cluster
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.contracts.runlog import RUNLOG_SCHEMA
+from hetplan.contracts.yamlio import write_yaml
+from hetplan.simulate import simulate
 
 N_BLOCKS = 6
 

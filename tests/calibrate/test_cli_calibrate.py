@@ -12,15 +12,15 @@ import yaml
 from calib_synth import TRUTH, write_case
 from click.testing import CliRunner, Result
 
-import cli
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.contracts.yamlio import write_yaml
+import hetplan.cli as cli
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.contracts.yamlio import write_yaml
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.argument("argv", nargs=-1, type=click.UNPROCESSED)
 def hetplan(argv: tuple[str, ...]) -> None:
-    """The installed entry point (``cli:main``: errors become one line and exit code 2), for CliRunner."""
+    """The installed entry point (``hetplan.cli:main``: errors become one line and exit code 2), for CliRunner."""
     cli.main(list(argv))
 
 

@@ -10,13 +10,13 @@ import pytest
 from builders import make_profile
 from calib_synth import CLUSTER
 
-from planner.contracts.catalog import load_catalog
-from planner.contracts.cluster import parse_cluster
-from planner.contracts.measurements import load_measurements
-from planner.contracts.model_profile import parse_profile
-from planner.contracts.yamlio import write_yaml
-from planner.errors import HetplanError
-from planner.simulate.costs import CostModel
+from hetplan.contracts.catalog import load_catalog
+from hetplan.contracts.cluster import parse_cluster
+from hetplan.contracts.measurements import load_measurements
+from hetplan.contracts.model_profile import parse_profile
+from hetplan.contracts.yamlio import write_yaml
+from hetplan.errors import HetplanError
+from hetplan.simulate.costs import CostModel
 
 
 def _cluster(**extra: object):

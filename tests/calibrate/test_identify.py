@@ -9,11 +9,11 @@ import yaml
 from builders import make_profile
 from calib_synth import CLUSTER, TRUTH, write_case
 
-from planner.calibrate import calibrate_files
-from planner.contracts import Pipeline, Plan, Stage, load_cluster, load_profile
-from planner.contracts.paths import bundled_profiles_dir
-from planner.contracts.yamlio import write_yaml
-from planner.simulate import simulate
+from hetplan.calibrate import calibrate_files
+from hetplan.contracts import Pipeline, Plan, Stage, load_cluster, load_profile
+from hetplan.contracts.paths import bundled_profiles_dir
+from hetplan.contracts.yamlio import write_yaml
+from hetplan.simulate import simulate
 
 
 def _fitted(result) -> dict[str, object]:
@@ -109,7 +109,7 @@ def test_calibrated_files_reload_reproduce_the_fit_and_are_byte_identical(tmp_pa
     profile, cluster = load_profile(profile_a), load_cluster(cluster_a)
     assert cluster.calibrated["inputs"]["measurements"]["file"] == "measured.yaml"
     assert profile.source["calibrated"]["runs"][0]["name"] == "pipe-cross.jsonl"
-    from planner.contracts import load_plan
+    from hetplan.contracts import load_plan
 
     for run, name in zip(first.runs, ["pipe-cross", "pipe-n0", "dp-cross"], strict=True):  # file order
         again = simulate(load_plan(tmp_path / "in" / f"{name}.yaml"), profile, cluster).iteration_s

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from calib_synth import CLUSTER, TRUTH, plans, profile, write_case
 
-from planner.calibrate import calibrate_files
-from planner.contracts import load_cluster
-from planner.contracts.catalog import load_catalog
-from planner.contracts.cluster import parse_cluster
-from planner.simulate import simulate
+from hetplan.calibrate import calibrate_files
+from hetplan.contracts import load_cluster
+from hetplan.contracts.catalog import load_catalog
+from hetplan.contracts.cluster import parse_cluster
+from hetplan.simulate import simulate
 
 GiB = 2.0**30
 

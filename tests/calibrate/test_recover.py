@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from calib_synth import TRUTH, write_case
 
-from planner.calibrate import calibrate_files
+from hetplan.calibrate import calibrate_files
 
 PRIORS = {
     "compute[A100-80GB]": 1.0,

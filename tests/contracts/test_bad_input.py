@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cli import main
+from hetplan.cli import main
 
 # --------------------------------------------------------------------------- valid baselines
 
@@ -816,7 +816,7 @@ def test_validate_reports_each_bad_file_and_keeps_going(tmp_path: Path, capsys: 
 
 def test_emulated_type_of_an_emulated_type(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Valid: a type emulated from an emulated type runs on the root type's times, slowed by both factors."""
-    from planner.contracts import load_cluster, load_profile
+    from hetplan.contracts import load_cluster, load_profile
 
     data = cluster_data()
     data["nodes"][1]["devices"] = [

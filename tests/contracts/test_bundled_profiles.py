@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.contracts import load_catalog, load_cluster
-from planner.contracts.paths import bundled_profiles_dir
+from hetplan.contracts import load_catalog, load_cluster
+from hetplan.contracts.paths import bundled_profiles_dir
 
 PROFILES = bundled_profiles_dir()
 CATALOG_FILE = PROFILES / "devices.yaml"

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_bad_input import plan_data, profile_data
 
-from planner.contracts import check_plan, load_catalog, load_cluster, load_plan, load_plan_inputs, load_profile
-from planner.contracts.paths import bundled_profiles_dir
-from planner.errors import HetplanError
+from hetplan.contracts import check_plan, load_catalog, load_cluster, load_plan, load_plan_inputs, load_profile
+from hetplan.contracts.paths import bundled_profiles_dir
+from hetplan.errors import HetplanError
 
 PROFILES = bundled_profiles_dir()
 EXAMPLES = int(os.environ.get("HETPLAN_FUZZ_EXAMPLES", "160"))

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_bad_input import plan_data, profile_data
 
-from planner.contracts import check_plan, load_plan, load_plan_inputs, load_profile, split_micro_batch
-from planner.contracts.yamlio import dump_yaml, read_mapping
+from hetplan.contracts import check_plan, load_plan, load_plan_inputs, load_profile, split_micro_batch
+from hetplan.contracts.yamlio import dump_yaml, read_mapping
 
 
 def _write(data: dict, path: Path) -> Path:
@@ -174,7 +174,7 @@ def _documented_examples() -> dict[str, str]:
 
 @pytest.mark.skipif(not DOCS.is_dir(), reason="docs/contracts is absent")
 def test_documented_examples_load(tmp_path: Path) -> None:
-    from planner.contracts.anyfile import load_any
+    from hetplan.contracts.anyfile import load_any
 
     examples = _documented_examples()
     assert set(examples) == {*EXAMPLE_NAMES.values(), "run.jsonl"}
@@ -193,8 +193,8 @@ def test_documented_examples_load(tmp_path: Path) -> None:
 
 
 def test_a_plan_with_a_non_numeric_prediction_is_refused(tmp_path) -> None:
-    from planner.contracts.plan import load_plan
-    from planner.errors import HetplanError
+    from hetplan.contracts.plan import load_plan
+    from hetplan.errors import HetplanError
 
     path = tmp_path / "p.yaml"
     path.write_text(

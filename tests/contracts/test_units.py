@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.contracts.fields import Fields
-from planner.errors import HetplanError
-from planner.units import format_bandwidth, format_bytes, format_time, parse_bandwidth, parse_bytes, parse_time
+from hetplan.contracts.fields import Fields
+from hetplan.errors import HetplanError
+from hetplan.units import format_bandwidth, format_bytes, format_time, parse_bandwidth, parse_bytes, parse_time
 
 GiB = 2.0**30
 
@@ -187,7 +187,7 @@ def test_format() -> None:
 
 def test_scientific_notation_in_a_file_is_a_number(tmp_path) -> None:
     """YAML 1.1 would read 8.6e9 and 1e-5 as strings; contract files read them as numbers."""
-    from planner.contracts.yamlio import read_mapping
+    from hetplan.contracts.yamlio import read_mapping
 
     path = tmp_path / "c.yaml"
     path.write_text("schema: x\nflops: 8.6e9\nlatency: 1e-5\nbw: 12.5e9\nquoted: '1e3'\nname: x1e3\n", encoding="utf-8")

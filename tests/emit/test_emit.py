@@ -6,10 +6,10 @@ import pytest
 import yaml
 from builders import make_cluster, make_profile
 
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.emit import emit_launch
-from planner.errors import HetplanError
-from planner.runtime.config import load_rank_config
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.emit import emit_launch
+from hetplan.errors import HetplanError
+from hetplan.runtime.config import load_rank_config
 
 
 def _inputs():

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from planner.contracts.catalog import load_catalog
-from planner.contracts.yamlio import sha256_of
-from planner.profile.analytic import analytic_profile
+from hetplan.contracts.catalog import load_catalog
+from hetplan.contracts.yamlio import sha256_of
+from hetplan.profile.analytic import analytic_profile
 
 CLUSTER = """\
 schema: hetplan/cluster/v1

@@ -13,15 +13,15 @@ import pytest
 from builders import make_profile
 from conftest import EXPECTED, LAYER_STARTS, N_BLOCKS, SCENARIOS, pipeline, stage
 
-import cli
-from cli import main
-from planner.contracts.model_profile import load_profile
-from planner.contracts.plan import Plan, load_plan, load_plan_inputs
-from planner.export import deepspeed, megatron, torchtitan
-from planner.export.compare import export_rows
-from planner.export.launch import TORCHRUN_FLAGS
-from planner.export.partition import deepspeed_parameters, deepspeed_uniform
-from planner.simulate import simulate
+import hetplan.cli as cli
+from hetplan.cli import main
+from hetplan.contracts.model_profile import load_profile
+from hetplan.contracts.plan import Plan, load_plan, load_plan_inputs
+from hetplan.export import deepspeed, megatron, torchtitan
+from hetplan.export.compare import export_rows
+from hetplan.export.launch import TORCHRUN_FLAGS
+from hetplan.export.partition import deepspeed_parameters, deepspeed_uniform
+from hetplan.simulate import simulate
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+: the reader torchtitan itself uses
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from builders import make_profile
 
-from planner.contracts.model_profile import ModelProfile, load_profile
-from planner.errors import HetplanError
-from planner.export.partition import (
+from hetplan.contracts.model_profile import ModelProfile, load_profile
+from hetplan.errors import HetplanError
+from hetplan.export.partition import (
     cut_distance,
     deepspeed_parameters,
     deepspeed_uniform,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from conftest import SCENARIOS, pipeline, stage
 
-from planner.contracts.plan import load_plan, load_plan_inputs
-from planner.export import deepspeed, megatron, torchtitan
-from planner.export.structure import _structure, uniform_structure
-from planner.simulate import simulate
+from hetplan.contracts.plan import load_plan, load_plan_inputs
+from hetplan.export import deepspeed, megatron, torchtitan
+from hetplan.export.structure import _structure, uniform_structure
+from hetplan.simulate import simulate
 
 
 def _load(write_plan, name: str, **scenario):
@@ -58,8 +58,8 @@ def test_torchrun_keeps_the_plans_placement_and_deepspeed_numbers_by_index(write
 
 
 def test_more_stages_than_the_runtime_can_cut_are_capped(inputs, write_plan) -> None:
-    from planner.contracts.catalog import load_catalog
-    from planner.profile.analytic import analytic_profile
+    from hetplan.contracts.catalog import load_catalog
+    from hetplan.profile.analytic import analytic_profile
 
     catalog = load_catalog()
     small = analytic_profile(

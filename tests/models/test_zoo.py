@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from planner.errors import HetplanError
-from planner.models import resolve_model
-from planner.profile.analytic import FAMILIES
+from hetplan.errors import HetplanError
+from hetplan.models import resolve_model
+from hetplan.profile.analytic import FAMILIES
 
 GPT = {"family": "gpt", "config": {"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 97}}
 RESNET18 = {"family": "resnet", "config": {"depth": 18, "image_size": 32, "classes": 10}}

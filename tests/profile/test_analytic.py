@@ -12,11 +12,11 @@ import itertools
 
 import pytest
 
-from planner.contracts.catalog import DeviceType
-from planner.contracts.model_profile import parse_profile
-from planner.errors import HetplanError
-from planner.profile.analytic import FAMILIES, BlockCost, analytic_profile
-from planner.profile.roofline import Efficiency
+from hetplan.contracts.catalog import DeviceType
+from hetplan.contracts.model_profile import parse_profile
+from hetplan.errors import HetplanError
+from hetplan.profile.analytic import FAMILIES, BlockCost, analytic_profile
+from hetplan.profile.roofline import Efficiency
 
 GiB = 2**30
 A100 = DeviceType("A100-80GB", 80 * GiB, 2039e9, {"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12, "bf16": 312e12})
@@ -267,7 +267,7 @@ def test_efficiency_constants_change_times_and_are_recorded() -> None:
 def test_default_times_record_the_achieved_figures_per_device() -> None:
     from dataclasses import replace
 
-    from planner.contracts.catalog import AchievedEfficiency
+    from hetplan.contracts.catalog import AchievedEfficiency
 
     figs = AchievedEfficiency(gemm={"fp32": 0.8, "fp16": 0.6}, attention=0.5, memory=0.8, launch_s=5e-6, sms=108)
     stated = replace(A100, efficiency=figs)

@@ -8,15 +8,15 @@ from dataclasses import replace
 
 import pytest
 
-from planner.contracts import load_catalog
-from planner.contracts.catalog import AchievedEfficiency, DeviceType, parse_device_spec
-from planner.contracts.fields import Fields
-from planner.errors import HetplanError
-from planner.profile.analytic import FAMILIES
-from planner.profile.analytic.base import Work, gemm_work, memory_work
-from planner.profile.analytic.transformer import attention_block, mlp_block
-from planner.profile.efficiency import GENERIC, WAVE_HALF, achieved, figures, wave_saturation
-from planner.profile.roofline import block_seconds, work_seconds
+from hetplan.contracts import load_catalog
+from hetplan.contracts.catalog import AchievedEfficiency, DeviceType, parse_device_spec
+from hetplan.contracts.fields import Fields
+from hetplan.errors import HetplanError
+from hetplan.profile.analytic import FAMILIES
+from hetplan.profile.analytic.base import Work, gemm_work, memory_work
+from hetplan.profile.analytic.transformer import attention_block, mlp_block
+from hetplan.profile.efficiency import GENERIC, WAVE_HALF, achieved, figures, wave_saturation
+from hetplan.profile.roofline import block_seconds, work_seconds
 
 CATALOG = load_catalog()
 GiB = 2**30
@@ -80,7 +80,7 @@ def test_a_type_without_figures_gets_the_generic_ones() -> None:
 
 
 def test_emulated_types_keep_their_base_figures() -> None:
-    from planner.contracts.cluster import parse_cluster
+    from hetplan.contracts.cluster import parse_cluster
 
     cluster = parse_cluster(
         {

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.contracts.model_profile import ModelProfile, load_profile, parse_profile
-from planner.errors import HetplanError
-from planner.profile.importers import IMPORTERS, import_pipedream, import_piper, import_sailor
+from hetplan.contracts.model_profile import ModelProfile, load_profile, parse_profile
+from hetplan.errors import HetplanError
+from hetplan.profile.importers import IMPORTERS, import_pipedream, import_piper, import_sailor
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "external"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "importers"

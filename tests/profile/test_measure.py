@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.contracts.catalog import load_catalog
-from planner.contracts.model_profile import ModelProfile, load_profile, parse_profile
-from planner.errors import HetplanError
-from planner.profile.analytic import FAMILIES
-from planner.profile.compare import compare_with_analytic
-from planner.profile.measure import cuda_device_type, measure_profile, saved_bytes
+from hetplan.contracts.catalog import load_catalog
+from hetplan.contracts.model_profile import ModelProfile, load_profile, parse_profile
+from hetplan.errors import HetplanError
+from hetplan.profile.analytic import FAMILIES
+from hetplan.profile.compare import compare_with_analytic
+from hetplan.profile.measure import cuda_device_type, measure_profile, saved_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))  # user_models.py
 

@@ -7,15 +7,15 @@ import itertools
 
 import pytest
 
-from planner.contracts import load_catalog
-from planner.contracts.catalog import AchievedEfficiency, DeviceType
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.errors import HetplanError
-from planner.profile.analytic import FAMILIES, analytic_profile
-from planner.profile.analytic.base import gemm_work, memory_work
-from planner.profile.carry import block_works, carry_times
-from planner.profile.efficiency import achieved
-from planner.profile.roofline import (
+from hetplan.contracts import load_catalog
+from hetplan.contracts.catalog import AchievedEfficiency, DeviceType
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.errors import HetplanError
+from hetplan.profile.analytic import FAMILIES, analytic_profile
+from hetplan.profile.analytic.base import gemm_work, memory_work
+from hetplan.profile.carry import block_works, carry_times
+from hetplan.profile.efficiency import achieved
+from hetplan.profile.roofline import (
     BACKWARD_FLOPS_FACTOR,
     Efficiency,
     compute_efficiency,

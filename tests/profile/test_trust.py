@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from planner.contracts import load_catalog
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.profile.analytic import analytic_profile
-from planner.profile.carry import carry_times
-from planner.profile.trust import (
+from hetplan.contracts import load_catalog
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.profile.analytic import analytic_profile
+from hetplan.profile.carry import carry_times
+from hetplan.profile.trust import (
     CARRIED,
     ESTIMATED,
     ESTIMATED_UNVALIDATED,

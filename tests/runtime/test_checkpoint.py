@@ -21,13 +21,13 @@ import torch
 from builders import make_cluster
 from torch import nn
 
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.contracts.yamlio import write_yaml
-from planner.emit import build_rank_config
-from planner.errors import HetplanError
-from planner.models import resolve_model
-from planner.runtime.checkpoint import (
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.contracts.yamlio import write_yaml
+from hetplan.emit import build_rank_config
+from hetplan.errors import HetplanError
+from hetplan.models import resolve_model
+from hetplan.runtime.checkpoint import (
     CHECKPOINT_SCHEMA,
     checkpoint_state,
     load_checkpoint,
@@ -35,9 +35,9 @@ from planner.runtime.checkpoint import (
     read_manifest,
     save_checkpoint,
 )
-from planner.runtime.launcher import launch_local
-from planner.runtime.precision import Precision, run_blocks
-from planner.runtime.reference import train_reference
+from hetplan.runtime.launcher import launch_local
+from hetplan.runtime.precision import Precision, run_blocks
+from hetplan.runtime.reference import train_reference
 
 NAMES = ["embed", "layer0.mlp"]
 MODEL = {"family": "toy", "config": {"width": 4}}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cli import main
+from hetplan.cli import main
 
 
 def test_profile_plan_launch_report(tmp_path, capsys) -> None:
@@ -95,9 +95,9 @@ def test_a_user_factory_model_profiles_plans_and_trains(tmp_path, capsys, monkey
 
 
 def test_a_run_log_of_another_plan_is_refused(tmp_path, capsys) -> None:
-    from planner.contracts.plan import Pipeline, Plan, Stage
-    from planner.contracts.runlog import StepRecord, check_log_matches
-    from planner.errors import HetplanError
+    from hetplan.contracts.plan import Pipeline, Plan, Stage
+    from hetplan.contracts.runlog import StepRecord, check_log_matches
+    from hetplan.errors import HetplanError
 
     plan = Plan(global_batch=2, pipelines=[Pipeline(2, (1, 1), (Stage(0, 2, ("n0/0",), (1.0,)),))])
     record = StepRecord(

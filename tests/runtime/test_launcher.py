@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 from builders import make_cluster
 
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.contracts.yamlio import write_yaml
-from planner.emit import build_rank_config
-from planner.errors import HetplanError
-from planner.models import resolve_model
-from planner.runtime.launcher import _torchrun_args, _worker_args, launch_local
-from planner.runtime.reference import train_reference
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.contracts.yamlio import write_yaml
+from hetplan.emit import build_rank_config
+from hetplan.errors import HetplanError
+from hetplan.models import resolve_model
+from hetplan.runtime.launcher import _torchrun_args, _worker_args, launch_local
+from hetplan.runtime.reference import train_reference
 
 GPT = {"family": "gpt", "config": {"layers": 2, "hidden": 32, "heads": 2, "seq": 8, "vocab": 31}}
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,7 +87,7 @@ def test_the_worker_arguments_reach_the_worker_through_torchrun_parser_intact(tm
     # the older spellings would be refused by torchrun's parser (prefixes of --node-rank, --log-dir)
     for old in ("--node", "--log"):
         with pytest.raises(SystemExit):
-            parse_args(["--standalone", "-m", "planner.runtime.worker", "c.yaml", old, "x"])
+            parse_args(["--standalone", "-m", "hetplan.runtime.worker", "c.yaml", old, "x"])
 
 
 @needs_proc
@@ -158,7 +158,7 @@ def test_a_worker_on_an_unknown_node_says_so_in_one_line(tmp_path) -> None:
     path, _ = _config(tmp_path, TWO_STAGES)
     env = dict(os.environ, LOCAL_RANK="0", RANK="0", PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [sys.executable, "-m", "planner.runtime.worker", str(path), "--node-name", "n9"],
+        [sys.executable, "-m", "hetplan.runtime.worker", str(path), "--node-name", "n9"],
         env=env,
         capture_output=True,
         text=True,

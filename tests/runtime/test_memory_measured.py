@@ -11,12 +11,12 @@ from __future__ import annotations
 import pytest
 from builders import make_cluster
 
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.contracts.yamlio import write_yaml
-from planner.emit import build_rank_config
-from planner.runtime.launcher import launch_local
-from planner.schedule.compile import compile_plan
-from planner.simulate.memory import plan_memory
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.contracts.yamlio import write_yaml
+from hetplan.emit import build_rank_config
+from hetplan.runtime.launcher import launch_local
+from hetplan.schedule.compile import compile_plan
+from hetplan.simulate.memory import plan_memory
 
 MODEL = {"family": "gpt", "config": {"layers": 2, "hidden": 128, "heads": 4, "seq": 64, "vocab": 512}}
 TOLERANCE = 0.10
@@ -24,14 +24,14 @@ TOLERANCE = 0.10
 
 @pytest.fixture(scope="module")
 def profile():
-    from planner.profile.measure import measure_profile
+    from hetplan.profile.measure import measure_profile
 
     return measure_profile(MODEL, micro_batches=(1, 2, 4), warmup=1, repeat=1)
 
 
 @pytest.fixture(scope="module")
 def bf16_profile():
-    from planner.profile.measure import measure_profile
+    from hetplan.profile.measure import measure_profile
 
     return measure_profile(MODEL, micro_batches=(1, 2, 4), warmup=1, repeat=1, dtype="bf16")
 

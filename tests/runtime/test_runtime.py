@@ -10,17 +10,17 @@ import pytest
 import torch
 from builders import make_cluster
 
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.contracts.yamlio import write_yaml
-from planner.emit import build_rank_config
-from planner.errors import HetplanError
-from planner.models import resolve_model
-from planner.runtime.checkpoint import read_block
-from planner.runtime.launcher import launch_local
-from planner.runtime.reference import train_reference
-from planner.runtime.validate import validate_programs
-from planner.schedule.compile import compile_plan
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.contracts.yamlio import write_yaml
+from hetplan.emit import build_rank_config
+from hetplan.errors import HetplanError
+from hetplan.models import resolve_model
+from hetplan.runtime.checkpoint import read_block
+from hetplan.runtime.launcher import launch_local
+from hetplan.runtime.reference import train_reference
+from hetplan.runtime.validate import validate_programs
+from hetplan.schedule.compile import compile_plan
 
 GPT = {"family": "gpt", "config": {"layers": 2, "hidden": 32, "heads": 2, "seq": 8, "vocab": 31}}
 STEPS = 3
@@ -185,7 +185,7 @@ def test_a_character_level_language_model_on_a_text_file(tmp_path) -> None:
 
 
 def test_a_text_with_more_characters_than_the_vocabulary_is_refused(tmp_path) -> None:
-    from planner.runtime.textdata import TextData
+    from hetplan.runtime.textdata import TextData
 
     text = tmp_path / "wide.txt"
     text.write_text("".join(chr(c) for c in range(40, 120)) * 3)
@@ -252,7 +252,7 @@ def test_fp16_replicas_and_pipelines_cut_differently_match_an_fp16_single_proces
 
 
 def test_fp16_loss_scaling_skips_an_overflowing_step_on_every_rank_and_halves_the_scale() -> None:
-    from planner.runtime.precision import Precision
+    from hetplan.runtime.precision import Precision
 
     params = [torch.nn.Parameter(torch.ones(3, dtype=torch.float16))]
     precision = Precision("fp16", params, optimizer="sgd", lr=0.1)

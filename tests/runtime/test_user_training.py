@@ -17,21 +17,21 @@ import pytest
 import torch
 from builders import make_cluster
 
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.contracts.runlog import parse_record
-from planner.contracts.yamlio import write_yaml
-from planner.emit import build_rank_config
-from planner.errors import HetplanError
-from planner.models import resolve_model
-from planner.runtime.checkpoint import read_block
-from planner.runtime.config import load_rank_config
-from planner.runtime.dataset import UserDataset
-from planner.runtime.launcher import launch_local
-from planner.runtime.lr_schedule import LrSchedule
-from planner.runtime.optim import clip_coefficient
-from planner.runtime.precision import Precision
-from planner.runtime.reference import train_reference
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.contracts.runlog import parse_record
+from hetplan.contracts.yamlio import write_yaml
+from hetplan.emit import build_rank_config
+from hetplan.errors import HetplanError
+from hetplan.models import resolve_model
+from hetplan.runtime.checkpoint import read_block
+from hetplan.runtime.config import load_rank_config
+from hetplan.runtime.dataset import UserDataset
+from hetplan.runtime.launcher import launch_local
+from hetplan.runtime.lr_schedule import LrSchedule
+from hetplan.runtime.optim import clip_coefficient
+from hetplan.runtime.precision import Precision
+from hetplan.runtime.reference import train_reference
 
 GPT = {"family": "gpt", "config": {"layers": 2, "hidden": 32, "heads": 2, "seq": 8, "vocab": 31}}
 SEED = 7
@@ -220,7 +220,7 @@ def test_fp16_unscales_before_clipping() -> None:
 
 
 def test_adamw_decays_the_weights_and_the_default_is_stated() -> None:
-    from planner.runtime.optim import DEFAULT_WEIGHT_DECAY, make_optimizer
+    from hetplan.runtime.optim import DEFAULT_WEIGHT_DECAY, make_optimizer
 
     p = torch.nn.Parameter(torch.ones(2))
     optimizer = make_optimizer("adamw", [p], 0.1)

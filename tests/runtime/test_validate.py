@@ -19,11 +19,11 @@ from builders import linear_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.errors import HetplanError
-from planner.runtime.validate import validate_programs
-from planner.schedule.actions import Action, Kind
-from planner.schedule.compile import compile_plan
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.errors import HetplanError
+from hetplan.runtime.validate import validate_programs
+from hetplan.schedule.actions import Action, Kind
+from hetplan.schedule.compile import compile_plan
 
 _TOKEN = re.compile(r"(SA|RA|SG|RG|F|B)(\d+)(?:[<>](\S+))?")
 TRANSFERS = (Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD)
@@ -484,5 +484,5 @@ def test_a_large_compiled_plan_is_checked_quickly() -> None:
 
 
 def test_the_validator_imports_no_torch() -> None:
-    code = "import sys, planner.runtime.validate; assert not any(m.startswith('torch') for m in sys.modules)"
+    code = "import sys, hetplan.runtime.validate; assert not any(m.startswith('torch') for m in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cli import main
+from hetplan.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

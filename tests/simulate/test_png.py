@@ -12,12 +12,12 @@ import pytest
 import yaml
 from builders import make_cluster, make_profile
 
-from cli import main
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.errors import HetplanError
-from planner.simulate import simulate
-from planner.simulate.png import INSTALL_HINT
-from planner.simulate.timeline import COLOURS, bar_box, layout, render_png, write_timeline
+from hetplan.cli import main
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.errors import HetplanError
+from hetplan.simulate import simulate
+from hetplan.simulate.png import INSTALL_HINT
+from hetplan.simulate.timeline import COLOURS, bar_box, layout, render_png, write_timeline
 
 A100 = "A100-80GB"
 
@@ -60,7 +60,7 @@ def test_the_cli_refuses_a_png_timeline_without_matplotlib_before_simulating(
 ) -> None:
     profile = make_profile(2, times={"cpu": (0.001, 0.002)})
     profile.save(tmp_path / "profile.yaml")
-    from planner.contracts.paths import bundled_profiles_dir
+    from hetplan.contracts.paths import bundled_profiles_dir
 
     plan = {
         "schema": "hetplan/plan/v1",

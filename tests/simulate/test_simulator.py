@@ -9,11 +9,11 @@ from builders import linear_plan, make_cluster, make_profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.errors import HetplanError
-from planner.schedule.compile import compile_plan
-from planner.simulate import check_memory, simulate
-from planner.simulate.engine import Engine
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.errors import HetplanError
+from hetplan.schedule.compile import compile_plan
+from hetplan.simulate import check_memory, simulate
+from hetplan.simulate.engine import Engine
 
 A100, V100 = "A100-80GB", "V100-16GB"
 
@@ -289,10 +289,10 @@ def test_actions_respect_dependencies_and_never_overlap_on_a_device(times, m, sc
         for (_, end), (start, _) in itertools.pairwise(intervals):
             assert start >= end - 1e-12
     # every task starts no earlier than each predecessor ends (or its offset)
-    from planner.simulate import simulator as sim_module
+    from hetplan.simulate import simulator as sim_module
 
     compiled = compile_plan(linear_plan(devices, n, [1] * m, schedule=schedule), n)
-    from planner.simulate.costs import CostModel
+    from hetplan.simulate.costs import CostModel
 
     engine, _, capacity = sim_module._build(compiled, CostModel(profile, cluster, optimizer="adam"), cluster)
     engine.run(capacity)

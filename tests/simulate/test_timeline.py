@@ -8,12 +8,12 @@ import xml.etree.ElementTree as ET
 import pytest
 from builders import make_cluster, make_profile
 
-from planner.contracts.cluster import load_cluster
-from planner.contracts.paths import bundled_profiles_dir
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.errors import HetplanError
-from planner.simulate import simulate
-from planner.simulate.timeline import COLOURS, LEGEND, layout, render_svg, write_timeline
+from hetplan.contracts.cluster import load_cluster
+from hetplan.contracts.paths import bundled_profiles_dir
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.errors import HetplanError
+from hetplan.simulate import simulate
+from hetplan.simulate.timeline import COLOURS, LEGEND, layout, render_svg, write_timeline
 
 A100, V100 = "A100-80GB", "V100-16GB"
 

@@ -12,15 +12,15 @@ import pytest
 import yaml
 from builders import make_cluster, make_profile
 
-from cli import main
-from planner.contracts.cluster import load_cluster
-from planner.contracts.paths import bundled_profiles_dir
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.schedule.compile import compile_plan
-from planner.simulate import simulate
-from planner.simulate.costs import CostModel
-from planner.simulate.simulator import TaskInfo, _build
-from planner.simulate.trace import CATEGORIES, chrome_trace, parse_label, write_trace
+from hetplan.cli import main
+from hetplan.contracts.cluster import load_cluster
+from hetplan.contracts.paths import bundled_profiles_dir
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.schedule.compile import compile_plan
+from hetplan.simulate import simulate
+from hetplan.simulate.costs import CostModel
+from hetplan.simulate.simulator import TaskInfo, _build
+from hetplan.simulate.trace import CATEGORIES, chrome_trace, parse_label, write_trace
 
 A100, V100 = "A100-80GB", "V100-16GB"
 
@@ -200,7 +200,7 @@ def test_the_cli_writes_the_trace_with_emulated_devices_labelled(tmp_path: Path,
     assert info.value.code == 0, capsys.readouterr().err
     assert "plan.trace.json" in capsys.readouterr().out
     trace = json.loads((tmp_path / "out" / "plan.trace.json").read_text(encoding="utf-8"))
-    from planner.contracts.plan import load_plan, load_plan_inputs
+    from hetplan.contracts.plan import load_plan, load_plan_inputs
 
     plan = load_plan(plan_file)
     profile, cluster = load_plan_inputs(plan)

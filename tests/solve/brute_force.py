@@ -12,10 +12,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from planner.contracts.cluster import Cluster, Device
-from planner.contracts.model_profile import ModelProfile
-from planner.contracts.plan import Pipeline, Plan, Stage
-from planner.simulate import simulate
+from hetplan.contracts.cluster import Cluster, Device
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.simulate import simulate
 
 
 def arrangements(devices: list[Device]) -> Iterator[list[list[Device]]]:

@@ -8,7 +8,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.solve.batching import allocate_batch, micro_batch_list, startup_splits
+from hetplan.solve.batching import allocate_batch, micro_batch_list, startup_splits
 
 
 @settings(max_examples=150, deadline=None)

@@ -8,7 +8,7 @@ from builders import make_cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.solve.mapping import pair_nodes
+from hetplan.solve.mapping import pair_nodes
 
 
 def _cluster(n_left: int, n_right: int, bandwidths: list[float]):

@@ -7,8 +7,8 @@ from builders import make_cluster, make_profile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.simulate import simulate
-from planner.solve import PlanOptions, plan_training
+from hetplan.simulate import simulate
+from hetplan.solve import PlanOptions, plan_training
 
 TYPES = ["A100-80GB", "V100-16GB", "T4"]
 SPACE_LIMIT = 2500  # plans the brute force may simulate per instance (keeps the suite fast)

@@ -9,8 +9,8 @@ from builders import make_cluster, make_profile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.solve.partition import Slot, partition
-from planner.solve.tables import CostTables
+from hetplan.solve.partition import Slot, partition
+from hetplan.solve.tables import CostTables
 
 A100, V100, T4 = "A100-80GB", "V100-16GB", "T4"
 

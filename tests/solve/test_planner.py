@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from builders import make_cluster, make_profile
 
-from cli import main
-from planner.contracts.plan import load_plan, load_plan_inputs
-from planner.errors import HetplanError
-from planner.simulate import simulate
-from planner.solve import PlanOptions, plan_training
-from planner.solve.baselines import BASELINES
+from hetplan.cli import main
+from hetplan.contracts.plan import load_plan, load_plan_inputs
+from hetplan.errors import HetplanError
+from hetplan.simulate import simulate
+from hetplan.solve import PlanOptions, plan_training
+from hetplan.solve.baselines import BASELINES
 
 A100, V100, T4 = "A100-80GB", "V100-16GB", "T4"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from builders import make_cluster, make_profile
 from rich.console import Console
 
-from planner.contracts.model_profile import Timing
-from planner.profile.trust import ESTIMATED, ESTIMATED_UNVALIDATED, IMPORTED
-from planner.solve import PlanOptions, plan_training
-from planner.solve.compare import compare_rows
-from planner.views.plan import compare_table, plan_band, plan_summary_renderables, with_bands
+from hetplan.contracts.model_profile import Timing
+from hetplan.profile.trust import ESTIMATED, ESTIMATED_UNVALIDATED, IMPORTED
+from hetplan.solve import PlanOptions, plan_training
+from hetplan.solve.compare import compare_rows
+from hetplan.views.plan import compare_table, plan_band, plan_summary_renderables, with_bands
 
 A100, T4 = "A100-80GB", "T4"
 

@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from planner.contracts.catalog import DTYPE_BYTES
-from planner.errors import HetplanError
-from planner.families.base import config_error, full_config
-from planner.profile.efficiency import TILE
+from hetplan.contracts.catalog import DTYPE_BYTES
+from hetplan.errors import HetplanError
+from hetplan.families.base import config_error, full_config
+from hetplan.profile.efficiency import TILE
 
 __all__ = ["WORK_KINDS", "BlockCost", "Family", "Work", "config_error", "dtype_bytes", "gemm_work", "memory_work"]
 
@@ -199,7 +199,7 @@ class Family:
 
     def full_config(self, config: Mapping[str, Any] | None = None) -> dict[str, int]:
         """Defaults overlaid with ``config``; unknown keys and non-positive integers are refused
-        (the rule every family shares: :func:`planner.families.full_config`)."""
+        (the rule every family shares: :func:`hetplan.families.full_config`)."""
         return full_config(self.name, self.defaults, self.check, config)
 
     def blocks(self, config: Mapping[str, Any] | None = None, dtype: str = "fp32") -> list[BlockCost]:

@@ -1,6 +1,6 @@
 """BERT (encoder-only, post-LN) at sub-block granularity, with the pre-training heads.
 
-    from planner.profile.analytic import FAMILIES
+    from hetplan.profile.analytic import FAMILIES
     costs = FAMILIES["bert"].blocks()        # BERT-base, seq 128
     costs[-1].name                           # 'head'
 
@@ -10,15 +10,15 @@ which computes the full s x s score matrix and masks it), then ``head``: the poo
 on the [CLS] token), the next-sentence classifier, and the MLM head (dense + GeLU + LayerNorm +
 decoder with bias over every position, as Hugging Face computes it). The MLM decoder is
 **untied** from the word embedding (V·h extra parameters), for the reason given in
-:mod:`planner.profile.analytic.gpt`. ``positions`` is the size of the position table (512 in
+:mod:`hetplan.profile.analytic.gpt`. ``positions`` is the size of the position table (512 in
 BERT-base), which must hold ``seq``.
 """
 
 from __future__ import annotations
 
-from planner.families.bert import DEFAULTS, HELP, check
-from planner.profile.analytic.base import BlockCost, dtype_bytes, gemm_work, memory_work
-from planner.profile.analytic.transformer import attention_block, mlp_block
+from hetplan.families.bert import DEFAULTS, HELP, check
+from hetplan.profile.analytic.base import BlockCost, dtype_bytes, gemm_work, memory_work
+from hetplan.profile.analytic.transformer import attention_block, mlp_block
 
 __all__ = ["DEFAULTS", "HELP", "blocks", "check", "input_bytes"]
 

@@ -1,7 +1,7 @@
-"""Build a :class:`~planner.contracts.ModelProfile` from a family's formulas and the roofline.
+"""Build a :class:`~hetplan.contracts.ModelProfile` from a family's formulas and the roofline.
 
-    from planner.contracts import load_catalog
-    from planner.profile.analytic import analytic_profile
+    from hetplan.contracts import load_catalog
+    from hetplan.profile.analytic import analytic_profile
     catalog = load_catalog()
     devices = [catalog.get("A100-80GB"), catalog.get("V100-16GB")]
     profile = analytic_profile("gpt", {"layers": 24, "hidden": 1024}, devices=devices, dtype="fp16")
@@ -9,9 +9,9 @@
 
 Every time in the result is marked ``source: estimated``; ``source`` in the profile records the
 efficiency figures used per device type, so an estimate can be reproduced or compared with a
-measurement. Times come from :func:`planner.profile.roofline.block_seconds` (each kind of work on
+measurement. Times come from :func:`hetplan.profile.roofline.block_seconds` (each kind of work on
 its own roof, at the rates each type reaches: docs/estimates.md); passing ``efficiency=`` (the
-single-roof :class:`~planner.profile.roofline.Efficiency`) reproduces a profile made before.
+single-roof :class:`~hetplan.profile.roofline.Efficiency`) reproduces a profile made before.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from planner.contracts.catalog import DeviceType
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.errors import HetplanError
-from planner.profile.analytic.base import BlockCost, dtype_bytes
-from planner.profile.analytic.registry import get_family
-from planner.profile.efficiency import achieved, figures
-from planner.profile.roofline import Efficiency, estimate_fwd_bwd, works_seconds
+from hetplan.contracts.catalog import DeviceType
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.errors import HetplanError
+from hetplan.profile.analytic.base import BlockCost, dtype_bytes
+from hetplan.profile.analytic.registry import get_family
+from hetplan.profile.efficiency import achieved, figures
+from hetplan.profile.roofline import Efficiency, estimate_fwd_bwd, works_seconds
 
 __all__ = ["DEFAULT_MICRO_BATCHES", "analytic_profile", "block_times"]
 
@@ -98,7 +98,7 @@ def analytic_profile(
     """An estimated profile of ``family`` with ``config`` (defaults filled in) on each device type.
 
     Unknown families, unknown or invalid settings, an unknown dtype and bad micro-batch sizes raise
-    :class:`~planner.errors.HetplanError` naming the field (``family``, ``config.heads``, ...).
+    :class:`~hetplan.errors.HetplanError` naming the field (``family``, ``config.heads``, ...).
     """
     fam = get_family(family)
     dtype_bytes(dtype)

@@ -1,11 +1,11 @@
 """GPT (decoder-only, pre-LN, GPT-2 layout) at sub-block granularity.
 
-    from planner.profile.analytic import FAMILIES
+    from hetplan.profile.analytic import FAMILIES
     costs = FAMILIES["gpt"].blocks({"layers": 12, "hidden": 768, "seq": 1024})
     [c.name for c in costs][:3]          # ['embedding', 'layer0.attn', 'layer0.mlp']
 
 Blocks: ``embedding`` (token + position lookup, add, dropout), then per layer ``layerN.attn`` and
-``layerN.mlp`` (see :mod:`planner.profile.analytic.transformer`), then ``head`` (final LayerNorm and
+``layerN.mlp`` (see :mod:`hetplan.profile.analytic.transformer`), then ``head`` (final LayerNorm and
 the LM head). The LM head is **untied**: it has its own V·h weight matrix, so the parameter count
 is GPT-2's (which ties it to the token embedding) plus V·h. Tying would make two stages share a
 weight, which a pipeline partition cannot express without an extra all-reduce. The position
@@ -18,9 +18,9 @@ head's activation bytes, since the loss runs on the same device.
 
 from __future__ import annotations
 
-from planner.families.gpt import DEFAULTS, HELP, check
-from planner.profile.analytic.base import BlockCost, dtype_bytes, gemm_work, memory_work
-from planner.profile.analytic.transformer import attention_block, mlp_block
+from hetplan.families.gpt import DEFAULTS, HELP, check
+from hetplan.profile.analytic.base import BlockCost, dtype_bytes, gemm_work, memory_work
+from hetplan.profile.analytic.transformer import attention_block, mlp_block
 
 #: The loss runs in fp32 (autocast keeps cross-entropy in fp32 for fp16 and bf16 training).
 FP32 = 4

@@ -1,20 +1,20 @@
 """A plain multi-layer perceptron: ``layers`` linear layers, ReLU between them.
 
-    from planner.profile.analytic import FAMILIES
+    from hetplan.profile.analytic import FAMILIES
     costs = FAMILIES["mlp"].blocks({"layers": 3, "width": 512})
     [c.name for c in costs]                       # ['layer0', 'layer1', 'layer2']
 
 Block ``layerI`` is linear + ReLU (input -> width, then width -> width); the last block is the
 linear layer to ``classes`` alone, returning the logits. One row of work per sample, so small
 micro-batches are bound by reading the weights (the GEMM part's memory roof) and fill few tiles
-(:func:`planner.profile.efficiency.wave_saturation`).
+(:func:`hetplan.profile.efficiency.wave_saturation`).
 """
 
 from __future__ import annotations
 
-from planner.families.mlp import DEFAULTS, HELP, check
-from planner.profile.analytic.base import BlockCost, dtype_bytes
-from planner.profile.analytic.tally import Tally
+from hetplan.families.mlp import DEFAULTS, HELP, check
+from hetplan.profile.analytic.base import BlockCost, dtype_bytes
+from hetplan.profile.analytic.tally import Tally
 
 __all__ = ["DEFAULTS", "HELP", "blocks", "check", "input_bytes"]
 

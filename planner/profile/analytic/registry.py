@@ -1,6 +1,6 @@
 """The analytic model families by name.
 
-    from planner.profile.analytic.registry import FAMILIES, get_family
+    from hetplan.profile.analytic.registry import FAMILIES, get_family
     FAMILIES["resnet"].defaults          # {'depth': 50, 'image_size': 224, 'classes': 1000}
     get_family("gtp")                    # HetplanError: unknown model family 'gtp'; did you mean 'gpt'?
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from planner.families import get_spec
-from planner.profile.analytic import bert, gpt, mlp, resnet, vgg
-from planner.profile.analytic.base import Family
+from hetplan.families import get_spec
+from hetplan.profile.analytic import bert, gpt, mlp, resnet, vgg
+from hetplan.profile.analytic.base import Family
 
 __all__ = ["FAMILIES", "get_family"]
 
@@ -37,5 +37,5 @@ FAMILIES: dict[str, Family] = {
 
 def get_family(name: str) -> Family:
     """The family called ``name``; an unknown name is an error located at ``family`` (the families'
-    own lookup, :func:`planner.families.get_spec`, says so, with its suggestion)."""
+    own lookup, :func:`hetplan.families.get_spec`, says so, with its suggestion)."""
     return FAMILIES[get_spec(name).name]

@@ -1,6 +1,6 @@
 """ResNet (torchvision layout, v1.5: the stride sits on the 3x3 convolution of a bottleneck).
 
-    from planner.profile.analytic import FAMILIES
+    from hetplan.profile.analytic import FAMILIES
     costs = FAMILIES["resnet"].blocks({"depth": 50})
     sum(c.params for c in costs)                  # 25557032, as torchvision's resnet50
     sum(c.flops_fwd for c in costs) / 2           # ~4.1e9 multiply-adds
@@ -13,9 +13,9 @@ from the shapes (2 per multiply-add, convolutions and the FC layer only).
 
 from __future__ import annotations
 
-from planner.families.resnet import DEFAULTS, EXPANSION, HELP, LAYOUTS, WIDTHS, check
-from planner.profile.analytic.base import BlockCost, dtype_bytes
-from planner.profile.analytic.tally import Tally
+from hetplan.families.resnet import DEFAULTS, EXPANSION, HELP, LAYOUTS, WIDTHS, check
+from hetplan.profile.analytic.base import BlockCost, dtype_bytes
+from hetplan.profile.analytic.tally import Tally
 
 __all__ = ["DEFAULTS", "HELP", "LAYOUTS", "blocks", "check", "input_bytes"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.profile.analytic.base import BlockCost, Work, memory_work
-from planner.profile.efficiency import TILE
+from hetplan.profile.analytic.base import BlockCost, Work, memory_work
+from hetplan.profile.efficiency import TILE
 
 __all__ = ["INDEX_BYTES", "Tally", "conv_out"]
 

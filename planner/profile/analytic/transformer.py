@@ -26,7 +26,7 @@ the published measurements run it; biases and LayerNorm weights are read by the 
 
 from __future__ import annotations
 
-from planner.profile.analytic.base import BlockCost, gemm_work, memory_work
+from hetplan.profile.analytic.base import BlockCost, gemm_work, memory_work
 
 __all__ = ["attention_block", "attention_params", "mlp_block", "mlp_params"]
 

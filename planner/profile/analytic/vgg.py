@@ -1,6 +1,6 @@
 """VGG-16/19 (configurations D and E of Simonyan & Zisserman 2015, torchvision layout, no BN).
 
-    from planner.profile.analytic import FAMILIES
+    from hetplan.profile.analytic import FAMILIES
     costs = FAMILIES["vgg"].blocks({"depth": 16})
     sum(c.params for c in costs)                  # 138357544, as torchvision's vgg16
 
@@ -12,9 +12,9 @@ average pool to 7x7, folded in, + linear + ReLU + dropout), ``fc7`` (linear + Re
 
 from __future__ import annotations
 
-from planner.families.vgg import CHANNELS, DEFAULTS, FC_WIDTH, HELP, LAYOUTS, POOL_SIDE, check
-from planner.profile.analytic.base import BlockCost, dtype_bytes
-from planner.profile.analytic.tally import Tally
+from hetplan.families.vgg import CHANNELS, DEFAULTS, FC_WIDTH, HELP, LAYOUTS, POOL_SIDE, check
+from hetplan.profile.analytic.base import BlockCost, dtype_bytes
+from hetplan.profile.analytic.tally import Tally
 
 __all__ = ["DEFAULTS", "HELP", "LAYOUTS", "blocks", "check", "input_bytes"]
 

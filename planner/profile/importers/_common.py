@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.catalog import Catalog, load_catalog
-from planner.errors import HetplanError
+from hetplan.contracts.catalog import Catalog, load_catalog
+from hetplan.errors import HetplanError
 
 __all__ = ["catalog_name", "read_json", "read_text", "require_positive_int"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterable
 
-from planner.errors import HetplanError
+from hetplan.errors import HetplanError
 
 __all__ = ["cut_bytes", "topological_order"]
 

@@ -1,6 +1,6 @@
 """Import a PipeDream profiler ``graph.txt`` (msr-fiddle/pipedream) as a hetplan ModelProfile.
 
-    from planner.profile.importers import import_pipedream
+    from hetplan.profile.importers import import_pipedream
     profile = import_pipedream("vgg16.graph.txt")                  # batch inferred: 128
     profile = import_pipedream("gnmt.graph.txt", batch_size=64)    # GNMT: no image input to infer from
     profile.save("vgg16.profile.yaml")
@@ -19,10 +19,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.errors import HetplanError
-from planner.profile.importers._common import catalog_name, read_text, require_positive_int
-from planner.profile.importers._dag import cut_bytes, topological_order
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.errors import HetplanError
+from hetplan.profile.importers._common import catalog_name, read_text, require_positive_int
+from hetplan.profile.importers._dag import cut_bytes, topological_order
 
 __all__ = ["import_pipedream"]
 

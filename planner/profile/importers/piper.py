@@ -1,6 +1,6 @@
 """Import a Piper input JSON (msr-fiddle/piper, NeurIPS 2021) as a hetplan ModelProfile.
 
-    from planner.profile.importers import import_piper
+    from hetplan.profile.importers import import_piper
     profile = import_piper("piper/bert32a100.json")                         # A100-80GB, vanilla
     profile = import_piper("bert32a100.json", variant="activation recomp", samples_per_unit=8)
 
@@ -18,10 +18,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.errors import HetplanError
-from planner.profile.importers._common import catalog_name, read_json, require_positive_int
-from planner.profile.importers._dag import cut_bytes, topological_order
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.errors import HetplanError
+from hetplan.profile.importers._common import catalog_name, read_json, require_positive_int
+from hetplan.profile.importers._dag import cut_bytes, topological_order
 
 __all__ = ["FORWARD_SHARE", "import_piper"]
 

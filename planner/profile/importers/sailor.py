@@ -1,6 +1,6 @@
 """Import a Sailor ``profiles.json`` (eth-easl/sailor) as a hetplan ModelProfile.
 
-    from planner.profile.importers import import_sailor
+    from hetplan.profile.importers import import_sailor
     profile = import_sailor("sailor/profiles.json", model="OPT-350")          # config found beside it
     profile = import_sailor("profiles.json", model="opt-30", training_config="opt30.json",
                             gpu_types=["A100-40GB"], tensor_parallel=2)
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.contracts.catalog import load_catalog
-from planner.contracts.model_profile import Block, ModelProfile, Timing
-from planner.errors import HetplanError
-from planner.profile.importers._common import catalog_name, read_json, require_positive_int
+from hetplan.contracts.catalog import load_catalog
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.errors import HetplanError
+from hetplan.profile.importers._common import catalog_name, read_json, require_positive_int
 
 __all__ = ["import_sailor"]
 
