@@ -375,9 +375,11 @@ def show(file: str, as_json: bool) -> None:
     if as_json:
         data = summary(kind, obj)
         if kind == "plan":
-            from hetplan.views.plan import plan_json_band
+            from hetplan.contracts.plan import readable_plan_inputs
+            from hetplan.views.plan import plan_band
 
-            data["band"] = plan_json_band(obj)
+            inputs = readable_plan_inputs(obj)
+            data["band"] = plan_band(obj, *inputs).to_dict() if inputs else None
         _print_json(data)
     elif kind == "plan":
         from hetplan.contracts.plan import check_plan, load_plan_inputs

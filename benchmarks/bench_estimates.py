@@ -48,11 +48,12 @@ sys.path.insert(0, str(ROOT))
 from hetplan.contracts.catalog import load_catalog  # noqa: E402
 from hetplan.errors import HetplanError  # noqa: E402
 from hetplan.profile.analytic.base import BlockCost  # noqa: E402
+from hetplan.profile.analytic.build import block_times  # noqa: E402
 from hetplan.profile.analytic.gpt import lm_head_block  # noqa: E402
 from hetplan.profile.analytic.transformer import attention_block, mlp_block  # noqa: E402
 from hetplan.profile.efficiency import achieved  # noqa: E402
 from hetplan.profile.importers.sailor import import_sailor  # noqa: E402
-from hetplan.profile.roofline import Efficiency, block_seconds, estimate_fwd_bwd  # noqa: E402
+from hetplan.profile.roofline import Efficiency, block_seconds  # noqa: E402
 
 SAILOR = ROOT.parent / "shared" / "external" / "sailor" / "profiles.json"
 MODELS = ("OPT-350", "GPT-Neo-2.7", "LLAMA-3-8", "OPT-30")
@@ -82,16 +83,10 @@ class Point:
 
 
 def _legacy(cost: BlockCost, device, dtype: str, m: int) -> tuple[float, float]:
-    return estimate_fwd_bwd(
-        m * cost.flops_fwd,
-        cost.bytes_moved(m),
-        cost.bwd_bytes_moved(m),
-        device,
-        dtype,
-        work_items=m * cost.work_items,
-        kernels=cost.kernels,
-        efficiency=LEGACY,
-    )
+    """The single-roof estimate (the model before achieved efficiencies), as the analytic
+    profiler computes it when given ``LEGACY`` efficiency."""
+    timing = block_times(cost, device, dtype, [m], efficiency=LEGACY)[m]
+    return timing.fwd, timing.bwd
 
 
 def _sum(pairs: Sequence[tuple[float, float]]) -> tuple[float, float]:

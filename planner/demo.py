@@ -76,7 +76,7 @@ def run_demo(out: Path, *, console: Console, steps: int = DEMO_STEPS) -> None:
         dtype=profile.dtype,
     )
     plan.save(plan_path)
-    print_all(console, plan_summary_renderables(plan, cluster))
+    print_all(console, plan_summary_renderables(plan, cluster, profile))
     console.print(f"wrote {plan_path}")
 
     console.print(Rule("3. simulate the plan, with a timeline"))

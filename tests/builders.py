@@ -85,3 +85,18 @@ def linear_plan(
         schedule=schedule,
         optimizer=optimizer,
     )
+
+
+def zoo_profile(model: dict[str, Any], device_type: str = "cpu") -> ModelProfile:
+    """A profile of a zoo model with one block per zoo block and placeholder costs: for runtime
+    tests, which need the block names (what to build) and not what they cost."""
+    from hetplan.models import resolve_model  # torch: only the runtime tests that call this need it
+
+    zoo = resolve_model(model)
+    timing = {device_type: {1: Timing(1.0, 1.0)}}
+    blocks = [
+        Block(name=n, kind="zoo", params=0, param_bytes=0.0, activation_bytes=0.0, output_bytes=0.0,
+              flops_fwd=0.0, times=timing)
+        for n in zoo.block_names()
+    ]  # fmt: skip
+    return ModelProfile(model=zoo.model, dtype="fp32", blocks=blocks)

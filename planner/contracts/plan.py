@@ -37,7 +37,9 @@ __all__ = [
     "check_plan",
     "load_plan",
     "load_plan_inputs",
+    "parse_pipelines",
     "parse_plan",
+    "readable_plan_inputs",
     "split_micro_batch",
 ]
 
@@ -198,27 +200,9 @@ def _predicted(f: Fields) -> dict[str, Any]:
     return section
 
 
-def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
-    """Build a :class:`Plan` from a parsed mapping; checks what needs no other file."""
-    f = Fields(data, file=file)
-    schema = f.str("schema")
-    if schema != PLAN_SCHEMA:
-        raise f.error(f"expected schema {PLAN_SCHEMA}, got {schema!r}", "schema")
-    tool = f.raw("tool", {"name": "hetplan", "version": __version__})
-    inputs_f = f.child("inputs")
-    inputs: dict[str, dict[str, str]] = {}
-    for key in ("profile", "cluster"):
-        entry = inputs_f.child(key)
-        item = {"path": entry.str("path")}
-        sha = entry.str("sha256", None)
-        if sha is not None:
-            if not _SHA256.fullmatch(sha):
-                raise entry.error(f"expected 64 hex digits (the file's sha256), got {sha!r}", "sha256")
-            item["sha256"] = sha
-        entry.done()
-        inputs[key] = item
-    inputs_f.done()
-    global_batch = f.integer("global_batch", minimum=1)
+def parse_pipelines(f: Fields, global_batch: int) -> list[Pipeline]:
+    """The ``pipelines`` section of a plan or a rank config: stages tile the model from block 0,
+    batches sum to ``global_batch``, every pipeline ends at the same block, no device twice."""
     pipelines: list[Pipeline] = []
     for p in f.list("pipelines"):
         if not isinstance(p, Fields):
@@ -264,6 +248,31 @@ def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
                         f"device {d} is used twice (also in {seen[d]})", f"pipelines[{pi}].stages[{si}].devices"
                     )
                 seen[d] = f"pipelines[{pi}].stages[{si}]"
+    return pipelines
+
+
+def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
+    """Build a :class:`Plan` from a parsed mapping; checks what needs no other file."""
+    f = Fields(data, file=file)
+    schema = f.str("schema")
+    if schema != PLAN_SCHEMA:
+        raise f.error(f"expected schema {PLAN_SCHEMA}, got {schema!r}", "schema")
+    tool = f.raw("tool", {"name": "hetplan", "version": __version__})
+    inputs_f = f.child("inputs")
+    inputs: dict[str, dict[str, str]] = {}
+    for key in ("profile", "cluster"):
+        entry = inputs_f.child(key)
+        item = {"path": entry.str("path")}
+        sha = entry.str("sha256", None)
+        if sha is not None:
+            if not _SHA256.fullmatch(sha):
+                raise entry.error(f"expected 64 hex digits (the file's sha256), got {sha!r}", "sha256")
+            item["sha256"] = sha
+        entry.done()
+        inputs[key] = item
+    inputs_f.done()
+    global_batch = f.integer("global_batch", minimum=1)
+    pipelines = parse_pipelines(f, global_batch)
     plan = Plan(
         global_batch=global_batch,
         pipelines=pipelines,
@@ -326,6 +335,17 @@ def load_plan_inputs(
     loaded_profile = load_profile(paths["profile"])
     loaded_cluster = load_cluster(paths["cluster"])
     return loaded_profile, loaded_cluster
+
+
+def readable_plan_inputs(plan: Plan) -> tuple[ModelProfile, Cluster] | None:
+    """The profile and cluster the plan names, or None where they cannot be read (moved, edited):
+    for what only adds to a view of the plan (``show --json``'s band), not for what needs them."""
+    if not {"profile", "cluster"} <= set(plan.inputs or {}):
+        return None
+    try:
+        return load_plan_inputs(plan)
+    except (HetplanError, OSError):
+        return None
 
 
 def check_plan(plan: Plan, cluster: Cluster, profile: ModelProfile) -> None:

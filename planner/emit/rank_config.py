@@ -55,7 +55,7 @@ def build_rank_config(
         weight_decay: AdamW's decoupled weight decay (written for ``adamw`` only; default 0.01).
         clip_grad_norm: clip the whole model's gradient to this 2-norm (None: no clipping).
         warmup_steps, decay_steps, min_lr: linear warm-up from 0 to ``lr``, then cosine decay to
-            ``min_lr`` (:mod:`hetplan.runtime.lr_schedule`); all 0: a constant ``lr``.
+            ``min_lr`` (:mod:`hetplan.contracts.lr_schedule`); all 0: a constant ``lr``.
         data: a text file (a character-level language model).
         dataset, dataset_kwargs: a user's ``module:function`` returning a map-style dataset, and
             its keyword arguments.

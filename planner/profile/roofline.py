@@ -58,6 +58,18 @@ __all__ = [
 BACKWARD_FLOPS_FACTOR = 2.0
 
 
+def _checked_scaling(measured_s: float, dtype: str, to_dtype: str | None) -> str:
+    """The dtype a carried time is for (``to_dtype``, default ``dtype``), after checking the inputs
+    every carry shares: a non-negative measurement and known dtypes."""
+    if measured_s < 0:
+        raise HetplanError(f"expected a non-negative measured time, got {measured_s!r}", field="measured_s")
+    target_dtype = to_dtype or dtype
+    for name, value in (("dtype", dtype), ("to_dtype", target_dtype)):
+        if value not in DTYPE_BYTES:
+            raise HetplanError(f"unknown dtype {value!r}; expected one of {', '.join(DTYPE_BYTES)}", field=name)
+    return target_dtype
+
+
 def work_seconds(work: Work, m: float, rates: Achieved, *, backward: bool = False) -> float:
     """Seconds of one part of a block call at micro-batch ``m`` (forward, or ``backward``)."""
     if m < 0:
@@ -106,12 +118,7 @@ def scale_block_time(
     lets an fp32 measurement stand for an fp16 run, its bytes scaled by the element sizes.
     Identity when both devices and dtypes are the same.
     """
-    if measured_s < 0:
-        raise HetplanError(f"expected a non-negative measured time, got {measured_s!r}", field="measured_s")
-    target_dtype = to_dtype or dtype
-    for name, value in (("dtype", dtype), ("to_dtype", target_dtype)):
-        if value not in DTYPE_BYTES:
-            raise HetplanError(f"unknown dtype {value!r}; expected one of {', '.join(DTYPE_BYTES)}", field=name)
+    target_dtype = _checked_scaling(measured_s, dtype, to_dtype)
     scale = DTYPE_BYTES[target_dtype] / DTYPE_BYTES[dtype]
     target_works = list(works)
     if scale != 1.0:
@@ -285,12 +292,7 @@ def scale_time(
     measurement stand for a GPU fp16 run, the bytes scaled by the ratio of element sizes.
     Identity when both devices and dtypes are the same.
     """
-    if measured_s < 0:
-        raise HetplanError(f"expected a non-negative measured time, got {measured_s!r}", field="measured_s")
-    target_dtype = to_dtype or dtype
-    for name, value in (("dtype", dtype), ("to_dtype", target_dtype)):
-        if value not in DTYPE_BYTES:
-            raise HetplanError(f"unknown dtype {value!r}; expected one of {', '.join(DTYPE_BYTES)}", field=name)
+    target_dtype = _checked_scaling(measured_s, dtype, to_dtype)
     target_bytes = bytes_moved * DTYPE_BYTES[target_dtype] / DTYPE_BYTES[dtype]
     kw: dict[str, Any] = {"work_items": work_items, "kernels": kernels, "efficiency": efficiency}
     source = estimate_seconds(flops, bytes_moved, from_device, dtype, **kw)

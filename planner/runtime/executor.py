@@ -38,9 +38,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetplan.contracts.rank_config import RankConfig
 from hetplan.models import resolve_model
 from hetplan.runtime.comm import tag_of, wait
-from hetplan.runtime.config import RuntimeConfig
 from hetplan.runtime.data import micro_offsets, open_samples, pipeline_offsets
 from hetplan.runtime.optim import clip_coefficient
 from hetplan.runtime.precision import Precision, run_blocks
@@ -108,7 +108,7 @@ class RankExecutor:
 
     def __init__(
         self,
-        config: RuntimeConfig,
+        config: RankConfig,
         compiled: CompiledPlan,
         address: str,
         rank_of: dict[str, int],

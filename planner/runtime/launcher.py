@@ -41,8 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hetplan.contracts.rank_config import load_rank_config
 from hetplan.errors import HetplanError
-from hetplan.runtime.config import load_rank_config
 from hetplan.runtime.worker import TERM_GRACE_S  # what a worker has, after SIGTERM, to say where it was
 
 __all__ = ["LaunchResult", "launch_local"]

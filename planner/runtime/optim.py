@@ -3,9 +3,9 @@
     optimizer = make_optimizer("adamw", params, lr=1e-3, weight_decay=0.01)
     coef = clip_coefficient(norm, max_norm=1.0)     # multiply every gradient by this before stepping
 
-The runtime keeps its own list of optimizer names (:data:`OPTIMIZERS`): a rank config may name one
-that the plan contract does not list yet (AdamW needs no planning of its own: it holds Adam's state
-and moves Adam's bytes per step, so a plan made for ``adam`` fits it).
+The optimizer names are the plan contract's (:data:`hetplan.contracts.plan.OPTIMIZERS`): the plan, the
+rank config and this module share one list (AdamW holds Adam's state and moves Adam's bytes per step,
+so the planner prices it as Adam).
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import math
 
 import torch
 
-__all__ = ["CLIP_EPS", "DEFAULT_WEIGHT_DECAY", "OPTIMIZERS", "clip_coefficient", "make_optimizer"]
+from hetplan.contracts.plan import OPTIMIZERS
 
-#: Every optimizer the runtime can run.
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+__all__ = ["CLIP_EPS", "DEFAULT_WEIGHT_DECAY", "OPTIMIZERS", "clip_coefficient", "make_optimizer"]
 
 #: AdamW's decoupled weight decay when the rank config gives none: ``torch.optim.AdamW``'s default.
 DEFAULT_WEIGHT_DECAY = 0.01

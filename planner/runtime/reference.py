@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from hetplan.contracts.lr_schedule import LrSchedule
 from hetplan.models import resolve_model
 from hetplan.runtime.data import open_samples
-from hetplan.runtime.lr_schedule import LrSchedule
 from hetplan.runtime.precision import Precision, run_blocks
 
 __all__ = ["train_reference"]

@@ -113,11 +113,11 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     import torch
     import torch.distributed as dist
 
+    from hetplan.contracts.rank_config import load_rank_config
     from hetplan.contracts.runlog import RUNLOG_SCHEMA
     from hetplan.errors import HetplanError
     from hetplan.runtime.checkpoint import load_checkpoint
     from hetplan.runtime.comm import RankFailureError
-    from hetplan.runtime.config import load_rank_config
     from hetplan.runtime.executor import RankExecutor
     from hetplan.runtime.memtrack import measure_peak
     from hetplan.runtime.validate import validate_programs

@@ -19,35 +19,12 @@ from hetplan.errors import HetplanError
 from hetplan.profile.trust import Band, time_band
 from hetplan.units import format_bytes, format_time
 
-__all__ = ["compare_table", "plan_band", "plan_json_band", "plan_summary_renderables", "with_bands"]
+__all__ = ["compare_table", "plan_band", "plan_summary_renderables", "with_bands"]
 
 
 def plan_band(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Band:
     """The band of the plan's predicted times: from the profile's times on the types it uses."""
     return time_band(profile, [cluster.device(a).type for a in plan.all_devices()])
-
-
-def plan_json_band(plan: Plan) -> dict[str, Any] | None:
-    """The band for ``show --json`` of a plan file: from the inputs it names (None if unreadable)."""
-    from hetplan.contracts.plan import load_plan_inputs
-
-    try:
-        profile, cluster = load_plan_inputs(plan)
-        return plan_band(plan, profile, cluster).to_dict()
-    except (HetplanError, OSError):
-        return None
-
-
-def _profile_of(plan: Plan) -> ModelProfile | None:
-    """The plan's profile, loaded from the path it records (None when it cannot be read)."""
-    from hetplan.contracts.plan import load_plan_inputs
-
-    if "profile" not in (plan.inputs or {}):
-        return None  # a plan not yet written (no input paths)
-    try:
-        return load_plan_inputs(plan)[0]
-    except (HetplanError, OSError):
-        return None
 
 
 def _band(band: dict[str, Any]) -> Band:
@@ -64,11 +41,10 @@ def _with_band(seconds: float, band: dict[str, Any] | None) -> str:
 def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile | None = None) -> list[Any]:
     """Stages and devices, memory headroom, bottleneck, lower bound, runners-up, baselines.
 
-    ``profile`` gives the band of the predicted time; without it, the profile the plan names is read.
+    ``profile`` gives the band of the predicted time (without it, the time is printed bare): views
+    render what they are given and read no file.
     """
     predicted = plan.predicted or {}
-    if profile is None and predicted:
-        profile = _profile_of(plan)
     band = None
     if profile is not None:
         try:

@@ -7,9 +7,9 @@ import yaml
 from builders import make_cluster, make_profile
 
 from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.contracts.rank_config import load_rank_config
 from hetplan.emit import emit_launch
 from hetplan.errors import HetplanError
-from hetplan.runtime.config import load_rank_config
 
 
 def _inputs():

@@ -18,15 +18,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from builders import make_cluster
+from builders import make_cluster, zoo_profile
 from torch import nn
 
-from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.contracts.yamlio import write_yaml
 from hetplan.emit import build_rank_config
 from hetplan.errors import HetplanError
-from hetplan.models import resolve_model
 from hetplan.runtime.checkpoint import (
     CHECKPOINT_SCHEMA,
     checkpoint_state,
@@ -276,25 +275,7 @@ def _stage(start: int, end: int, *devices: str) -> Stage:
 
 
 def _profile() -> ModelProfile:
-    zoo = resolve_model(GPT)
-    timing = {"cpu": {1: Timing(1.0, 1.0)}}
-    return ModelProfile(
-        model=zoo.model,
-        dtype="fp32",
-        blocks=[
-            Block(
-                name=n,
-                kind="zoo",
-                params=0,
-                param_bytes=0.0,
-                activation_bytes=0.0,
-                output_bytes=0.0,
-                flops_fwd=0.0,
-                times=timing,
-            )
-            for n in zoo.block_names()
-        ],
-    )
+    return zoo_profile(GPT)
 
 
 def _config(tmp_path: Path, plan: Plan, name: str) -> tuple[Path, dict]:

@@ -15,14 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-from builders import make_cluster
+from builders import make_cluster, zoo_profile
 
-from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.contracts.yamlio import write_yaml
 from hetplan.emit import build_rank_config
 from hetplan.errors import HetplanError
-from hetplan.models import resolve_model
 from hetplan.runtime.launcher import _torchrun_args, _worker_args, launch_local
 from hetplan.runtime.reference import train_reference
 
@@ -35,21 +34,7 @@ TWO_STAGES = Plan(
 
 
 def _profile() -> ModelProfile:
-    zoo = resolve_model(GPT)
-    blocks = [
-        Block(
-            name=n,
-            kind="zoo",
-            params=0,
-            param_bytes=0.0,
-            activation_bytes=0.0,
-            output_bytes=0.0,
-            flops_fwd=0.0,
-            times={"cpu": {1: Timing(1.0, 1.0)}},
-        )
-        for n in zoo.block_names()
-    ]
-    return ModelProfile(model=zoo.model, dtype="fp32", blocks=blocks)
+    return zoo_profile(GPT)
 
 
 def _config(tmp_path: Path, plan: Plan, cluster=None, *, timeout: float = 30) -> tuple[Path, dict]:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import make_cluster
+from builders import make_cluster, zoo_profile
 
-from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.contracts.yamlio import write_yaml
 from hetplan.emit import build_rank_config
 from hetplan.errors import HetplanError
-from hetplan.models import resolve_model
 from hetplan.runtime.checkpoint import read_block
 from hetplan.runtime.launcher import launch_local
 from hetplan.runtime.reference import train_reference
@@ -27,21 +26,7 @@ STEPS = 3
 
 
 def _profile(model: dict) -> ModelProfile:
-    zoo = resolve_model(model)
-    blocks = [
-        Block(
-            name=n,
-            kind="zoo",
-            params=0,
-            param_bytes=0.0,
-            activation_bytes=0.0,
-            output_bytes=0.0,
-            flops_fwd=0.0,
-            times={"cpu": {1: Timing(1.0, 1.0)}},
-        )
-        for n in zoo.block_names()
-    ]
-    return ModelProfile(model=zoo.model, dtype="fp32", blocks=blocks)
+    return zoo_profile(model)
 
 
 def _stage(start: int, end: int, *devices: str, shares: tuple[float, ...] | None = None) -> Stage:

@@ -17,18 +17,18 @@ import pytest
 import torch
 from builders import make_cluster
 
+from hetplan.contracts.lr_schedule import LrSchedule
 from hetplan.contracts.model_profile import Block, ModelProfile, Timing
 from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.contracts.rank_config import load_rank_config
 from hetplan.contracts.runlog import parse_record
 from hetplan.contracts.yamlio import write_yaml
 from hetplan.emit import build_rank_config
 from hetplan.errors import HetplanError
 from hetplan.models import resolve_model
 from hetplan.runtime.checkpoint import read_block
-from hetplan.runtime.config import load_rank_config
 from hetplan.runtime.dataset import UserDataset
 from hetplan.runtime.launcher import launch_local
-from hetplan.runtime.lr_schedule import LrSchedule
 from hetplan.runtime.optim import clip_coefficient
 from hetplan.runtime.precision import Precision
 from hetplan.runtime.reference import train_reference
