@@ -6,7 +6,15 @@
 
 A stage is a half-open block range ``[start, end)`` on one or more devices; several devices make a
 replicated stage, each taking ``shares[i]`` of every micro-batch (:func:`split_micro_batch` turns
-shares into whole samples, the same way for the simulator and the runtime). Hand-written plans need
+shares into whole samples, the same way for the simulator and the runtime).
+
+A stage may be tensor-parallel (``tensor_parallel: t``): its devices form replicas of ``t``
+consecutive devices (``devices[0:t]``, ``devices[t:2t]``, ...), each replica one Megatron-style
+tensor-parallel group that shares one slice of every micro-batch, so ``shares`` has one entry per
+replica. ``recompute`` (``none | full | selective``) says what a stage keeps for backward: ``full``
+keeps only each block's input and runs the forward again in backward, ``selective`` drops the
+attention internals (scores, softmax, dropout mask) and recomputes them. The plan-level ``zero: 1``
+shards optimizer state (and the fp32 master copy) over the holders of each gradient group. Hand-written plans need
 only the minimal keys: ``schema``, ``inputs`` (paths), ``global_batch``, ``pipelines``.
 """
 
@@ -28,8 +36,10 @@ from hetplan.errors import HetplanError
 __all__ = [
     "OPTIMIZERS",
     "PLAN_SCHEMA",
+    "RECOMPUTE",
     "SCHEDULES",
     "SYNC_MODES",
+    "ZERO_STAGES",
     "Pipeline",
     "Plan",
     "Stage",
@@ -48,6 +58,8 @@ _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 SCHEDULES = ("1f1b", "gpipe")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SYNC_MODES = ("allreduce",)
+RECOMPUTE = ("none", "full", "selective")
+ZERO_STAGES = (0, 1)
 
 
 def split_micro_batch(size: int, shares: tuple[float, ...]) -> tuple[int, ...]:
@@ -70,21 +82,42 @@ def split_micro_batch(size: int, shares: tuple[float, ...]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Stage:
-    """Blocks ``[start, end)`` on ``devices``; ``shares`` of each micro-batch per device."""
+    """Blocks ``[start, end)`` on ``devices``; ``shares`` of each micro-batch per replica.
+
+    A replica is ``tensor_parallel`` consecutive devices (one device when 1); ``recompute`` is what
+    the stage recomputes in backward (``none``, ``full`` or ``selective``).
+    """
 
     start: int
     end: int
     devices: tuple[str, ...]
     shares: tuple[float, ...]
+    tensor_parallel: int = 1
+    recompute: str = "none"
 
     @property
     def replicated(self) -> bool:
-        return len(self.devices) > 1
+        """More than one replica: the stage is data-parallel inside its pipeline."""
+        return len(self.devices) > self.tensor_parallel
+
+    @property
+    def replicas(self) -> tuple[tuple[str, ...], ...]:
+        """The tensor-parallel groups, in order: ``devices`` cut into runs of ``tensor_parallel``."""
+        t = self.tensor_parallel
+        return tuple(self.devices[i : i + t] for i in range(0, len(self.devices), t))
+
+    def share_of(self, device: str) -> float:
+        """The share of each micro-batch ``device``'s replica takes."""
+        return self.shares[self.devices.index(device) // self.tensor_parallel]
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"blocks": [self.start, self.end], "devices": list(self.devices)}
+        if self.tensor_parallel > 1:
+            out["tensor_parallel"] = self.tensor_parallel
         if self.replicated:
             out["shares"] = list(self.shares)
+        if self.recompute != "none":
+            out["recompute"] = self.recompute
         return out
 
 
@@ -117,6 +150,7 @@ class Plan:
     dtype: str | None = None  # None: the profile's dtype
     optimizer: str = "adam"
     sync: str = "allreduce"
+    zero: int = 0  # 1: optimizer state (and fp32 master weights) sharded over each group's holders
     inputs: dict[str, dict[str, str]] = field(default_factory=dict)
     tool: dict[str, str] = field(default_factory=lambda: {"name": "hetplan", "version": __version__})
     predicted: dict[str, Any] = field(default_factory=dict)
@@ -134,6 +168,8 @@ class Plan:
         out["optimizer"] = self.optimizer
         out["schedule"] = self.schedule
         out["sync"] = self.sync
+        if self.zero:
+            out["zero"] = self.zero
         out["pipelines"] = [p.to_dict() for p in self.pipelines]
         if self.predicted:
             out["predicted"] = self.predicted
@@ -164,17 +200,28 @@ def _parse_stage(s: Fields) -> Stage:
             raise s.error(f"expected a device address NODE/INDEX, got {d!r}", f"devices[{i}]")
     if len(set(devices)) != len(devices):
         raise s.error("a device appears twice in one stage", "devices")
+    tp = s.integer("tensor_parallel", 1, minimum=1)
+    if len(devices) % tp:
+        raise s.error(
+            f"{len(devices)} devices do not form replicas of tensor_parallel {tp} (consecutive groups of {tp})",
+            "tensor_parallel",
+        )
+    replicas = len(devices) // tp
     if s.has("shares"):
         shares = s.list("shares")
-        if len(shares) != len(devices):
-            raise s.error(f"expected {len(devices)} shares (one per device), got {len(shares)}", "shares")
+        if len(shares) != replicas:
+            each = "one per device" if tp == 1 else f"one per replica of {tp} devices"
+            raise s.error(f"expected {replicas} shares ({each}), got {len(shares)}", "shares")
         values = tuple(s.check_number(v, f"shares[{i}]", positive=True) for i, v in enumerate(shares))
         if abs(sum(values) - 1.0) > 1e-6:
             raise s.error(f"shares must sum to 1, got {sum(values):.6g}", "shares")
     else:
-        values = tuple(1.0 / len(devices) for _ in devices)
+        values = tuple(1.0 / replicas for _ in range(replicas))
+    recompute = s.str("recompute", "none", choices=RECOMPUTE)
     s.done()
-    return Stage(start=start, end=end, devices=tuple(devices), shares=values)
+    return Stage(
+        start=start, end=end, devices=tuple(devices), shares=values, tensor_parallel=tp, recompute=recompute
+    )
 
 
 def _optional_mapping(f: Fields, key: str) -> dict[str, Any]:
@@ -239,6 +286,17 @@ def parse_pipelines(f: Fields, global_batch: int) -> list[Pipeline]:
     ends = {p.stages[-1].end for p in pipelines}
     if len(ends) != 1:
         raise f.error(f"pipelines end at different blocks {sorted(ends)}; each must cover the whole model", "pipelines")
+    degree_of: dict[int, tuple[int, str]] = {}
+    for pi, p in enumerate(pipelines):
+        for si, st in enumerate(p.stages):
+            for b in range(st.start, st.end):
+                t, where = degree_of.setdefault(b, (st.tensor_parallel, f"pipelines[{pi}].stages[{si}]"))
+                if t != st.tensor_parallel:
+                    raise f.error(
+                        f"block {b} is tensor_parallel {st.tensor_parallel} here but {t} in {where}: every holder "
+                        "of a block uses one degree (their gradient shards all-reduce together)",
+                        f"pipelines[{pi}].stages[{si}].tensor_parallel",
+                    )
     seen: dict[str, str] = {}
     for pi, p in enumerate(pipelines):
         for si, s in enumerate(p.stages):
@@ -280,6 +338,7 @@ def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
         dtype=f.str("dtype", None, choices=DTYPES),
         optimizer=f.str("optimizer", "adam", choices=OPTIMIZERS),
         sync=f.str("sync", "allreduce", choices=SYNC_MODES),
+        zero=f.integer("zero", 0, minimum=min(ZERO_STAGES), maximum=max(ZERO_STAGES)),
         inputs=inputs,
         tool=tool if isinstance(tool, dict) else {"name": str(tool)},
         predicted=_predicted(f),
@@ -371,6 +430,16 @@ def check_plan(plan: Plan, cluster: Cluster, profile: ModelProfile) -> None:
                         file=plan.file,
                         field=f"pipelines[{pi}].stages[{si}].devices[{di}]",
                     ) from None
+            for group in s.replicas if s.tensor_parallel > 1 else ():
+                members = [cluster.device(a) for a in group]
+                if len({(d.node, d.type.name) for d in members}) > 1:
+                    raise HetplanError(
+                        f"tensor-parallel group {', '.join(group)} spans "
+                        f"{', '.join(sorted({f'{d.node} {d.type.name}' for d in members}))}: a group must be "
+                        "devices of one type on one node (its all-reduces run every layer)",
+                        file=plan.file,
+                        field=f"pipelines[{pi}].stages[{si}].devices",
+                    )
     if plan.dtype and plan.dtype != profile.dtype:
         raise HetplanError(
             f"plan dtype {plan.dtype} differs from the profile's {profile.dtype}", file=plan.file, field="dtype"

@@ -24,9 +24,19 @@ checks it under NCCL's semantics):
   the backward finishes them), so it overlaps the rest of the backward, the trailing sends and the
   other devices' work; ``OPT`` waits for them, then steps.
 
-A replicated stage's device computes only its share of each micro-batch (whole samples, from
+A replicated stage's replica computes only its share of each micro-batch (whole samples, from
 :func:`hetplan.contracts.plan.split_micro_batch`); between stages with different replica counts the
-micro-batch is resharded: each pair of devices exchanges the overlap of their sample ranges.
+micro-batch is resharded: each pair of replicas exchanges the overlap of their sample ranges.
+
+Tensor parallelism (a stage with ``tensor_parallel: t``): every member of a replica (its ``t``
+devices) runs the replica's action list, each on its shard of the weights, and holds the whole
+boundary tensor (Megatron's layers end in an all-reduce, inside ``F``/``B``). Across a boundary from
+a replica of degree ``ts`` to one of degree ``tr``, member ``k`` of the receiver takes activations
+from member ``k mod ts`` of the sender, and member ``k`` of the sender takes gradients from member
+``k mod tr`` of the receiver: every member gets each tensor once, and equal degrees pair member with
+member. Gradient groups are per shard: the ``k``-th members of every replica holding a block set
+all-reduce together (:class:`GradGroup` ``tensor_parallel``, ``tp_rank``), so every holder of a
+block must use the same degree (the plan contract checks it).
 """
 
 from __future__ import annotations
@@ -67,11 +77,17 @@ class Transfer(NamedTuple):
 
 @dataclass(frozen=True)
 class GradGroup:
-    """Blocks whose gradients live on the same set of devices: one all-reduce."""
+    """Blocks whose gradients live on the same set of devices: one all-reduce.
+
+    With tensor parallelism each device holds ``1 / tensor_parallel`` of the blocks' sharded
+    weights, shard ``tp_rank``; the group's devices are the holders of that shard.
+    """
 
     id: int
     blocks: tuple[int, ...]
     devices: tuple[str, ...]
+    tensor_parallel: int = 1
+    tp_rank: int = 0
 
 
 @dataclass
@@ -87,6 +103,12 @@ class DeviceProgram:
     counts: tuple[int, ...]  # samples of each micro-batch this device computes
     offsets: tuple[int, ...]  # where its samples start inside each micro-batch
     actions: list[Action] = field(default_factory=list)
+    tp_group: tuple[str, ...] = ()  # the devices of its tensor-parallel group, in rank order
+    tp_rank: int = 0  # its place in ``tp_group``
+
+    @property
+    def tensor_parallel(self) -> int:
+        return max(1, len(self.tp_group))
 
     def render(self) -> str:
         return " ".join(str(a) for a in self.actions)
@@ -120,15 +142,22 @@ def gradient_groups(plan: Plan, n_blocks: int) -> list[GradGroup]:
     order in which a device starts its all-reduces.
     """
     holders: list[list[str]] = [[] for _ in range(n_blocks)]
+    degree = [1] * n_blocks
     for p in plan.pipelines:
         for s in p.stages:
             for b in range(s.start, min(s.end, n_blocks)):
                 holders[b].extend(s.devices)
+                degree[b] = s.tensor_parallel  # one degree per block: the plan contract checks it
     by_set: dict[tuple[str, ...], list[int]] = {}
     for b in range(n_blocks):
         by_set.setdefault(tuple(holders[b]), []).append(b)
     ordered = sorted(by_set.items(), key=lambda item: -max(item[1]))
-    return [GradGroup(id=i, blocks=tuple(blocks), devices=devices) for i, (devices, blocks) in enumerate(ordered)]
+    groups: list[GradGroup] = []
+    for devices, blocks in ordered:
+        t = degree[blocks[0]]
+        for k in range(t):  # the k-th member of every replica: the holders of shard k
+            groups.append(GradGroup(len(groups), tuple(blocks), devices[k::t], tensor_parallel=t, tp_rank=k))
+    return groups
 
 
 def _reshard(
@@ -141,8 +170,12 @@ def _reshard(
         for r in receivers:
             lo = max(s_lo, r.offsets[micro])
             hi = min(s_hi, r.offsets[micro] + r.counts[micro])
-            if hi > lo:
+            if hi <= lo:
+                continue
+            if r.tp_rank % s.tensor_parallel == s.tp_rank:  # activations: receiver k from sender k mod ts
                 out.append(Transfer(pipeline, stage, micro, s.address, r.address, lo, hi, grad=False))
+            if s.tp_rank % r.tensor_parallel == r.tp_rank:  # gradients: sender k from receiver k mod tr
+                out.append(Transfer(pipeline, stage, micro, r.address, s.address, lo, hi, grad=True))
     return out
 
 
@@ -177,21 +210,25 @@ def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
         per_stage: list[list[DeviceProgram]] = []
         n_micro = len(p.micro_batches)
         for si, s in enumerate(p.stages):
-            replicas = []
+            members = []
             if len(s.devices) == 1:  # split_micro_batch gives the whole micro-batch to the one device
                 address = s.devices[0]
                 program = DeviceProgram(address, pi, si, 0, s.start, s.end, tuple(p.micro_batches), (0,) * n_micro)
                 programs[address] = program
-                replicas.append(program)
+                members.append(program)
             else:
                 splits = [split_micro_batch(m, s.shares) for m in p.micro_batches]
-                for ri, address in enumerate(s.devices):
+                for ri, group in enumerate(s.replicas):
                     counts = tuple(split[ri] for split in splits)
                     offsets = tuple(sum(split[:ri]) for split in splits)
-                    program = DeviceProgram(address, pi, si, ri, s.start, s.end, counts, offsets)
-                    programs[address] = program
-                    replicas.append(program)
-            per_stage.append(replicas)
+                    tp_group = group if s.tensor_parallel > 1 else ()
+                    for k, address in enumerate(group):
+                        program = DeviceProgram(
+                            address, pi, si, ri, s.start, s.end, counts, offsets, tp_group=tp_group, tp_rank=k
+                        )
+                        programs[address] = program
+                        members.append(program)
+            per_stage.append(members)
         stage_programs.append(per_stage)
 
     # per device and micro-batch: (peer, lo, hi) of activations in/out and of gradients in/out,
@@ -227,11 +264,8 @@ def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
             for j in range(len(p.micro_batches)):
                 for t in _reshard(pi, si, j, senders, receivers):
                     transfers.append(t)
-                    transfers.append(Transfer(pi, si, j, t.dst, t.src, t.lo, t.hi, grad=True))
-                    act_out[t.src][j].append((t.dst, t.lo, t.hi))
-                    act_in[t.dst][j].append((t.src, t.lo, t.hi))
-                    grad_out[t.dst][j].append((t.src, t.lo, t.hi))
-                    grad_in[t.src][j].append((t.dst, t.lo, t.hi))
+                    (grad_out if t.grad else act_out)[t.src][j].append((t.dst, t.lo, t.hi))
+                    (grad_in if t.grad else act_in)[t.dst][j].append((t.src, t.lo, t.hi))
 
     groups = gradient_groups(plan, n_blocks)
     reduces: dict[str, list[Action]] = {a: [] for a in programs}
