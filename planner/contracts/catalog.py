@@ -111,6 +111,9 @@ class DeviceType:
     aliases: tuple[str, ...] = ()
     emulates: str | None = None
     slowdown: float = 1.0
+    #: Emulated types only: ``(step, slowdown)`` from which the slowdown changes while a job runs
+    #: (:class:`hetplan.contracts.emulation.SlowdownSchedule`); the planner plans for ``slowdown``.
+    slowdown_changes: tuple[tuple[int, float], ...] = ()
     #: Bytes a training process cannot use for tensors: the CUDA context, cuBLAS/cuDNN workspaces,
     #: NCCL's buffers and the gap between the marketed and the driver-reported capacity. None:
     #: the generic rule of :func:`default_reserve` (catalog entries state their own, with a source).
@@ -296,7 +299,8 @@ class Catalog:
 
 
 def parse_emulated(name: str, f: Fields, catalog: Catalog) -> DeviceType:
-    """``emulate: {base: cpu, slowdown: 2.0, memory?: 4GiB}``: a base type run slower on purpose."""
+    """``emulate: {base: cpu, slowdown: 2.0, memory?: 4GiB, changes?: [{step: 10, slowdown: 3.0}]}``:
+    a base type run slower on purpose; ``changes`` make it a straggler from a step on (emulation)."""
     base_name = f.str("base")
     base = catalog.get(base_name, file=f.file, field=f.where("base"))
     slowdown = f.number("slowdown", positive=True)
@@ -307,6 +311,18 @@ def parse_emulated(name: str, f: Fields, catalog: Catalog) -> DeviceType:
         )
     memory = f.bytes("memory", base.memory)
     reserve = f.bytes("reserve", base.reserve, positive=False)
+    changes: list[tuple[int, float]] = []
+    for i, c in enumerate(f.list("changes", [])):
+        if not isinstance(c, Fields):
+            raise f.error("expected each change to be a mapping {step, slowdown}", f"changes[{i}]")
+        step = c.integer("step", minimum=0)
+        factor = c.number("slowdown", positive=True)
+        if factor < 1.0:
+            raise c.error(f"expected a slowdown >= 1, got {factor:g}", "slowdown")
+        if changes and step <= changes[-1][0]:
+            raise c.error(f"expected steps in increasing order, got {step} after {changes[-1][0]}", "step")
+        c.done()
+        changes.append((step, factor * base.slowdown))
     f.done()
     return replace(
         base,
@@ -319,6 +335,7 @@ def parse_emulated(name: str, f: Fields, catalog: Catalog) -> DeviceType:
         # an emulated type of an emulated type is the root type slowed by both factors
         emulates=base.emulates or base.name,
         slowdown=slowdown * base.slowdown,
+        slowdown_changes=tuple(changes),
     )
 
 

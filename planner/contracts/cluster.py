@@ -38,12 +38,15 @@ class Link:
     """A point-to-point path: bandwidth in bytes/s, latency in seconds.
 
     ``shared`` marks a link whose bandwidth is a node's network interface, split between the
-    transfers that use it at the same time (the simulator models the contention).
+    transfers that use it at the same time (the simulator models the contention). ``emulated``
+    (``emulate: true`` in the file) asks the runtime to make every transfer and collective on it
+    take at least ``latency + bytes / bandwidth``: a slow network emulated on one fast machine.
     """
 
     bandwidth: float
     latency: float
     shared: bool = False
+    emulated: bool = False
 
     def transfer_time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` alone on this link (latency + size / bandwidth)."""
@@ -171,8 +174,10 @@ class Cluster:
 
 
 def _parse_link(f: Fields, *, shared: bool) -> Link:
-    link = Link(bandwidth=f.bandwidth("bandwidth"), latency=f.time("latency", 0.0), shared=shared)
-    return link
+    emulated = f.raw("emulate", False)
+    if not isinstance(emulated, bool):
+        raise f.error(f"expected true or false, got {emulated!r}", "emulate")
+    return Link(bandwidth=f.bandwidth("bandwidth"), latency=f.time("latency", 0.0), shared=shared, emulated=emulated)
 
 
 def _parse_device_type(entry: Fields, catalog: Catalog, inline: dict[str, DeviceType]) -> DeviceType:
@@ -237,7 +242,7 @@ def parse_cluster(data: dict, *, file: str | None = None, catalog: Catalog | Non
         if link is None:
             if len(devices) > 1:
                 raise node_f.error("missing required field (the link inside a node of several devices)", "link")
-            link = Link(bandwidth=network.bandwidth, latency=network.latency)
+            link = Link(bandwidth=network.bandwidth, latency=network.latency, emulated=network.emulated)
         nic = node_f.bandwidth("nic", network.bandwidth)
         node_f.done()
         nodes.append(Node(name=node_name, devices=tuple(devices), link=link, nic_bandwidth=nic))

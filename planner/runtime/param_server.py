@@ -1,0 +1,180 @@
+"""HetPipe's Wave Synchronous Parallel: a parameter server with a clock per wave and a staleness bound.
+
+    server = ParamServer(params, layouts, optimizer=make_optimizer("adam", ...))   # its own process
+    server.serve()                                   # until every worker has said stop
+
+    client = PsClient(server_rank, numel, rank=dist.get_rank())  # in each worker (every device of every pipeline)
+    client.push(clock, flat_grad)                    # the wave's gradient of this device's blocks
+    version, flat = client.pull(min_version)         # the newest weights, at least ``min_version``
+    client.stop()
+
+**Clocks and versions.** Every worker finishes waves ``0, 1, 2, ...`` and pushes each wave's
+gradient for the parameters it holds (already weighted as for the all-reduce: the sum over every
+push of one clock is the whole model's gradient of that wave). When every worker has pushed clock
+``c`` and the server holds version ``c`` (``c`` updates applied), it takes one optimizer step with the
+summed gradient: version ``c + 1``. A worker that finished wave ``c`` pulls with
+``min_version = c + 1 - D``: the server answers with its newest weights once it has at least that
+version, and holds the answer back until then. So a worker starting wave ``c + 1`` has every update
+of waves ``<= c - D``: every worker has finished wave ``c - D``, and none is more than ``D`` waves
+ahead of the slowest (HetPipe's global staleness bound). ``D = 0`` is synchronous training: each wave
+starts from the weights of every earlier wave's summed gradient, exactly what the all-reduce gives,
+for any optimizer (the server steps once per clock on the sum, never per push).
+
+**Clipping** is exact: the server holds the whole gradient of a clock, so its global norm is the
+norm of one process's gradient. **Messages** go over torch.distributed point-to-point calls of the
+default group with their own tag (:data:`TAG`, apart from the pipeline's transfer tags; the server
+receives from any source): a header ``[kind, clock or version, rank, numel]`` (int64), then the
+payload (fp32). The server is a process of its own (the
+launcher starts it beside the ranks): a worker never waits on another worker, only on the server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["PULL", "PUSH", "STOP", "TAG", "ParamServer", "PsClient", "ServerLog"]
+
+PUSH, PULL, STOP = 1, 2, 3
+#: The tag of every parameter-server message (pipeline transfers use small tags: ``comm.tag_of``).
+TAG = 1 << 20
+
+
+@dataclass
+class ServerLog:
+    """What the server saw, for the run log and for tests of the staleness bound."""
+
+    steps: list[int] = field(default_factory=list)  # clocks stepped, in order
+    pulls: list[tuple[int, int, int, int]] = field(default_factory=list)  # (rank, asked, given, latest clock pushed)
+    pushes: list[tuple[int, int]] = field(default_factory=list)  # (rank, clock) in arrival order
+
+
+class ParamServer:
+    """Holds the model's fp32 weights and optimizer; steps once per clock on the summed gradient.
+
+    ``layouts`` maps each worker's rank to the names of the parameters it holds, in the order of
+    its flat buffers; several workers may hold one parameter (replicas, pipelines): their pushes add.
+    ``before_step(grads)`` may return a factor every gradient is multiplied by (global-norm clipping).
+    """
+
+    def __init__(
+        self,
+        params: Mapping[str, torch.nn.Parameter],
+        layouts: Mapping[int, Sequence[str]],
+        *,
+        optimizer: torch.optim.Optimizer,
+        before_step: Callable[[list[torch.Tensor]], float] | None = None,
+    ) -> None:
+        self.params = dict(params)
+        self.layouts = {r: list(names) for r, names in layouts.items()}
+        self.optimizer = optimizer
+        self.before_step = before_step
+        self.version = 0
+        self.log = ServerLog()
+        self._sums: dict[int, dict[str, torch.Tensor]] = {}
+        self._pushed: dict[int, set[int]] = {}
+        self._latest_push: dict[int, int] = {}
+        self._waiting: list[tuple[int, int]] = []  # (rank, min_version)
+
+    def _numel(self, rank: int) -> int:
+        return sum(self.params[n].numel() for n in self.layouts[rank])
+
+    def serve(self) -> None:
+        """Answer pushes and pulls until every worker has sent STOP."""
+        running = set(self.layouts)
+        header = torch.zeros(4, dtype=torch.int64)
+        while running:
+            src = dist.recv(header, src=None, tag=TAG)
+            kind, value, rank = int(header[0]), int(header[1]), int(header[2])
+            if rank not in self.layouts or src != rank:
+                raise RuntimeError(f"parameter server: a message from rank {src} says it is from rank {rank}")
+            if kind == PUSH:
+                payload = torch.empty(self._numel(rank), dtype=torch.float32)
+                dist.recv(payload, src=src, tag=TAG)
+                self._add(rank, value, payload)
+                self._advance()
+            elif kind == PULL:
+                self._waiting.append((rank, value))
+            elif kind == STOP:
+                running.discard(rank)
+            else:
+                raise RuntimeError(f"parameter server: unknown message kind {kind} from rank {rank}")
+            self._answer()
+        if self._waiting:
+            raise RuntimeError(f"parameter server: pulls left unanswered at stop: {self._waiting}")
+
+    def _add(self, rank: int, clock: int, flat: torch.Tensor) -> None:
+        if clock < self.version:
+            raise RuntimeError(f"parameter server: rank {rank} pushed clock {clock}, already stepped past it")
+        sums = self._sums.setdefault(clock, {})
+        offset = 0
+        for name in self.layouts[rank]:
+            n = self.params[name].numel()
+            part = flat[offset : offset + n].view_as(self.params[name])
+            offset += n
+            if name in sums:
+                sums[name] += part
+            else:
+                sums[name] = part.clone()
+        self._pushed.setdefault(clock, set()).add(rank)
+        self._latest_push[rank] = clock
+        self.log.pushes.append((rank, clock))
+
+    def _advance(self) -> None:
+        """Step every clock that is complete, in clock order."""
+        while self._pushed.get(self.version, set()) == set(self.layouts):
+            sums = self._sums.pop(self.version)
+            del self._pushed[self.version]
+            grads = [sums[name] for name in self.params if name in sums]
+            factor = self.before_step(grads) if self.before_step else 1.0
+            for name, p in self.params.items():
+                p.grad = sums[name] * factor if name in sums else None
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.log.steps.append(self.version)
+            self.version += 1
+
+    def _answer(self) -> None:
+        still = []
+        for rank, min_version in self._waiting:
+            if self.version < min_version:
+                still.append((rank, min_version))
+                continue
+            reply = torch.tensor([self.version, 0, 0, 0], dtype=torch.int64)
+            dist.send(reply, dst=rank, tag=TAG)
+            flat = torch.cat([self.params[n].detach().flatten() for n in self.layouts[rank]])
+            dist.send(flat.float().contiguous(), dst=rank, tag=TAG)
+            self.log.pulls.append((rank, min_version, self.version, self._latest_push.get(rank, -1)))
+        self._waiting = still
+
+
+class PsClient:
+    """A worker's side: push a wave's flat gradient, pull the newest weights it may use, stop."""
+
+    def __init__(self, server: int, numel: int, *, rank: int) -> None:
+        self.server = server
+        self.numel = numel
+        self.rank = rank
+
+    def _header(self, kind: int, value: int) -> None:
+        dist.send(torch.tensor([kind, value, self.rank, self.numel], dtype=torch.int64), dst=self.server, tag=TAG)
+
+    def push(self, clock: int, flat_grad: torch.Tensor) -> None:
+        if flat_grad.numel() != self.numel:
+            raise ValueError(f"expected {self.numel} gradient elements, got {flat_grad.numel()}")
+        self._header(PUSH, clock)
+        dist.send(flat_grad.detach().float().contiguous(), dst=self.server, tag=TAG)
+
+    def pull(self, min_version: int) -> tuple[int, torch.Tensor]:
+        self._header(PULL, max(0, min_version))
+        reply = torch.zeros(4, dtype=torch.int64)
+        dist.recv(reply, src=self.server, tag=TAG)
+        flat = torch.empty(self.numel, dtype=torch.float32)
+        dist.recv(flat, src=self.server, tag=TAG)
+        return int(reply[0]), flat
+
+    def stop(self) -> None:
+        self._header(STOP, 0)

@@ -1,0 +1,155 @@
+"""The sync modes' central roles over gloo, all in one spawn of five processes (four workers and the
+central one): the WSP parameter server (staleness 0 is synchronous training exactly; with a bound D
+no worker starts a wave with weights missing more than D waves of updates) and SDPipe's group
+scheduler (every device of a pipeline learns the same group, each ready step is grouped once)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hetplan.runtime.group_scheduler import GroupClient, GroupScheduler
+from hetplan.runtime.optim import make_optimizer
+from hetplan.runtime.param_server import ParamServer, PsClient
+
+SHAPES = {"a": (4,), "b": (3,)}
+WAVES = 5
+
+
+def _grad(rank: int, clock: int, weights: torch.Tensor) -> torch.Tensor:
+    """A gradient that depends on the weights the worker holds (so stale weights would show)."""
+    return weights * (rank + 1) + 0.1 * (clock + 1) - 0.05 * rank
+
+
+#: (staleness, optimizer, the worker that sleeps each wave): every scenario in one spawn of 3 processes
+SCENARIOS = [(0, "sgd", -1), (0, "adam", -1), (1, "adam", 1)]
+
+
+WORKERS = 4  # ranks 0-3; rank 4 is the central process
+#: the scheduler's pipelines (device ranks) and the per-step sleep of each pipeline (pipeline 2 lags)
+PIPELINES = {0: [0], 1: [1], 2: [2, 3]}
+SLEEP = {0: 0.0, 1: 0.0, 2: 0.2}
+SCHEDULER_STEPS = 4
+
+
+def _run(rank: int, world: int, init: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        for i, (staleness, optimizer, slow) in enumerate(SCENARIOS):
+            _ps_scenario(rank, world, Path(out) / f"server-{i}.pt", staleness, optimizer, slow)
+            dist.barrier()  # a server serves one scenario: none of the next one's messages may reach it
+        _scheduler_scenario(rank, world, Path(out))
+    finally:
+        dist.destroy_process_group()
+
+
+def _scheduler_scenario(rank: int, world: int, out: Path) -> None:
+    central = world - 1
+    if rank == central:
+        scheduler = GroupScheduler(PIPELINES, group_size=2)
+        scheduler.serve()
+        torch.save(scheduler.log.groups, out / "groups.pt")
+        return
+    pipeline = next(p for p, ranks in PIPELINES.items() if rank in ranks)
+    client = GroupClient(central, pipeline=pipeline, rank=rank, n_pipelines=len(PIPELINES))
+    got = []
+    for step in range(SCHEDULER_STEPS):
+        time.sleep(SLEEP[pipeline])
+        got.append(client.ready(step))
+    client.stop()
+    torch.save(got, out / f"groups-{rank}.pt")
+
+
+def _ps_scenario(rank: int, world: int, out: Path, staleness: int, optimizer: str, slow: int) -> None:
+    if rank >= 2 and rank != world - 1:
+        return  # the parameter-server scenarios use two workers
+    server = world - 1
+    numel = sum(torch.Size(s).numel() for s in SHAPES.values())
+    if rank == server:
+        torch.manual_seed(0)
+        params = {n: torch.nn.Parameter(torch.randn(s)) for n, s in SHAPES.items()}
+        ps = ParamServer(
+            params,
+            {r: list(SHAPES) for r in range(2)},
+            optimizer=make_optimizer(optimizer, list(params.values()), lr=0.05),
+        )
+        ps.serve()
+        weights = torch.cat([p.detach().flatten() for p in params.values()])
+        torch.save({"weights": weights, "pulls": ps.log.pulls, "steps": ps.log.steps}, out)
+        return
+    client = PsClient(server, numel, rank=rank)
+    _, weights = client.pull(0)
+    for clock in range(WAVES):
+        if rank == slow:
+            time.sleep(0.15)
+        client.push(clock, _grad(rank, clock, weights))
+        _, weights = client.pull(clock + 1 - staleness)
+    client.stop()
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Four workers and the central process, every scenario, in one spawn (start-up dominates)."""
+    tmp = tmp_path_factory.mktemp("ps")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    mp.spawn(_run, args=(WORKERS + 1, f"file://{tmp / 'store'}", str(tmp)), nprocs=WORKERS + 1)
+    out = [torch.load(tmp / f"server-{i}.pt") for i in range(len(SCENARIOS))]
+    out.append({"log": torch.load(tmp / "groups.pt"), **{r: torch.load(tmp / f"groups-{r}.pt") for r in range(4)}})
+    return out
+
+
+@pytest.mark.parametrize(("index", "optimizer"), [(0, "sgd"), (1, "adam")])
+def test_staleness_zero_is_synchronous_training(results: list[dict], index: int, optimizer: str) -> None:
+    assert SCENARIOS[index][:2] == (0, optimizer)
+    result = results[index]
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s)) for s in SHAPES.values()]
+    opt = make_optimizer(optimizer, params, lr=0.05)
+    for clock in range(WAVES):
+        weights = torch.cat([p.detach().flatten() for p in params])
+        total = sum(_grad(r, clock, weights) for r in range(2))
+        offset = 0
+        for p in params:
+            p.grad = total[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        opt.step()
+    expect = torch.cat([p.detach().flatten() for p in params])
+    assert result["steps"] == list(range(WAVES))
+    assert torch.allclose(result["weights"], expect, atol=1e-6, rtol=0)
+
+
+def test_no_worker_runs_more_than_d_waves_ahead(results: list[dict]) -> None:
+    staleness, _, _ = SCENARIOS[2]
+    result = results[2]
+    ahead = []
+    for _rank, asked, given, latest in result["pulls"]:
+        assert given >= asked  # never answered below the bound
+        if latest >= 0:  # the pull after pushing clock ``latest``: the next wave is latest + 1
+            ahead.append(latest + 1 - given)
+    assert max(ahead) <= staleness
+    assert max(ahead) == staleness  # the fast worker did use its slack (the slow one sleeps each wave)
+
+
+def test_every_device_of_a_pipeline_learns_the_same_groups(results: list[dict]) -> None:
+    sched = results[-1]
+    for ranks in PIPELINES.values():
+        assert all(sched[r] == sched[ranks[0]] for r in ranks)
+    for p, ranks in PIPELINES.items():
+        assert len(sched[ranks[0]]) == SCHEDULER_STEPS and all(p in g for g in sched[ranks[0]])
+
+
+def test_each_ready_step_is_grouped_once_in_step_order(results: list[dict]) -> None:
+    log = results[-1]["log"]
+    seen = [(p, s) for group, steps in log for p, s in zip(group, steps, strict=True)]
+    assert sorted(seen) == sorted((p, s) for p in PIPELINES for s in range(SCHEDULER_STEPS))
+    for p in PIPELINES:
+        assert [s for q, s in seen if q == p] == list(range(SCHEDULER_STEPS))
+    assert all(1 <= len(group) <= 2 for group, _ in log)
+    # a group of one only once no partner can come: the first groups are pairs (three pipelines run)
+    assert len(log[0][0]) == 2
