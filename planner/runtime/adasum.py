@@ -1,7 +1,7 @@
 """Adasum: combine the pipelines' gradients adaptively instead of summing them (Maleki et al., 2021).
 
     combined = adasum_tree([g0, g1, g2])              # tensors of one parameter, one per pipeline
-    inputs = share_weighted_inputs(grads, batches)    # mean gradients scaled for unequal batch shares
+    combined = weighted_adasum_tree(means, batches)   # pipelines' mean gradients, weighted by batch share
 
 For two gradients ``a`` and ``b`` (of one tensor: Adasum works tensor by tensor, as Horovod's does)::
 
@@ -15,12 +15,21 @@ tree, in order: neighbours pairwise, level by level, an odd one out carried to t
 (Horovod's recursive halving for a power of two; a deterministic order for any count, so every rank
 computes the same bits).
 
-**Unequal batch shares.** hetplan's pipelines take batch shares ``b_p`` by their speed. Each
-pipeline's input is its *mean* gradient ``g_p`` scaled by ``b_p / b_mean`` (``b_mean = B / n``): a
-pipeline that saw twice the samples stands for two updates of the mean size, as two equal pipelines
-would. So equal shares give plain Adasum; identical gradients give the gradient (two pipelines:
-parallel inputs of lengths ``c1, c2`` combine to ``(c1 + c2) / 2``, the mean, which is 1); orthogonal
-ones give ``sum_p (b_p / b_mean) g_p``, the share-weighted sum scaled as Adasum's sum is.
+**Unequal batch shares.** hetplan's pipelines take batch shares ``b_p`` by their speed, so their
+mean gradients are not equally sure. :func:`weighted_adasum_tree` combines mean gradients ``g_p``
+with weights ``b_p``; each tree node carries its value ``V``, its total weight ``W`` and its number of
+leaves ``n``. Two nodes combine as::
+
+    ca = (Wa / na) (n / W),  cb = (Wb / nb) (n / W)           (n = na + nb, W = Wa + Wb)
+    V  = ca Va + cb Vb - (Va.Vb) (alpha Va / |Va|^2 + beta Vb / |Vb|^2)
+    alpha = (ca + cb - 1) cb / (ca + cb),  beta = (ca + cb - 1) ca / (ca + cb)
+
+which keeps the three properties that define Adasum, for any shares and any number of pipelines:
+equal weights give plain Adasum (``ca = cb = 1``, ``alpha = beta = 1/2``); identical gradients give
+the gradient (by induction: ``ca + cb - (alpha + beta) = 1``); mutually orthogonal gradients give
+``sum_p (b_p / b_mean) g_p``, the share-weighted sum scaled as Adasum's sum is (the correction
+vanishes and the coefficients carry each leaf's ``b_p n / W``). Plain :func:`adasum_tree` would
+instead let a pipeline's share change the result even when all gradients agree.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["adasum_pair", "adasum_tree", "share_weighted_inputs"]
+__all__ = ["adasum_pair", "adasum_tree", "weighted_adasum_tree"]
 
 
 def adasum_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -58,9 +67,32 @@ def adasum_tree(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     return level[0].clone()
 
 
-def share_weighted_inputs(mean_grads: Sequence[torch.Tensor], batches: Sequence[int]) -> list[torch.Tensor]:
-    """Each pipeline's mean gradient scaled by its batch over the mean batch (see the module doc)."""
-    if len(mean_grads) != len(batches) or not batches:
-        raise ValueError(f"expected one batch per gradient, got {len(batches)} for {len(mean_grads)}")
-    mean = sum(batches) / len(batches)
-    return [g * (b / mean) for g, b in zip(mean_grads, batches, strict=True)]
+def _weighted_pair(
+    a: tuple[torch.Tensor, float, int], b: tuple[torch.Tensor, float, int]
+) -> tuple[torch.Tensor, float, int]:
+    """Combine two tree nodes ``(value, weight, leaves)`` by the rule in the module doc (float64)."""
+    (va, wa, na), (vb, wb, nb) = a, b
+    n, w = na + nb, wa + wb
+    ca, cb = (wa / na) * (n / w), (wb / nb) * (n / w)
+    out = ca * va + cb * vb
+    dot = torch.dot(va.flatten(), vb.flatten())
+    la, lb = torch.dot(va.flatten(), va.flatten()), torch.dot(vb.flatten(), vb.flatten())
+    if la > 0 and lb > 0:
+        excess = ca + cb - 1.0
+        out = out - dot * (excess * cb / (ca + cb) * va / la + excess * ca / (ca + cb) * vb / lb)
+    return out, w, n
+
+
+def weighted_adasum_tree(means: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    """Adasum of the pipelines' mean gradients of one tensor, weighted by their batch shares."""
+    if not means or len(means) != len(weights):
+        raise ValueError(f"expected one weight per gradient, got {len(weights)} for {len(means)}")
+    if any(w <= 0 for w in weights):
+        raise ValueError(f"weights must be positive, got {list(weights)}")
+    level = [(g.double(), float(w), 1) for g, w in zip(means, weights, strict=True)]
+    while len(level) > 1:
+        nxt = [_weighted_pair(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0][0].to(means[0].dtype)

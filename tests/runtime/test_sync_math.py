@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetplan.runtime.adasum import adasum_pair, adasum_tree, share_weighted_inputs
+from hetplan.runtime.adasum import adasum_pair, adasum_tree, weighted_adasum_tree
 from hetplan.runtime.topk import TopK, densify
 
 
@@ -43,16 +43,22 @@ def test_adasum_tree_order_is_pairwise_then_carry() -> None:
     assert torch.allclose(adasum_tree(g), adasum_pair(adasum_pair(g[0], g[1]), g[2]), atol=1e-12)
 
 
-def test_unequal_shares_keep_the_two_limits() -> None:
-    g = torch.randn(8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    # identical mean gradients, batches 1:3 -> still the gradient once
-    assert torch.allclose(adasum_tree(share_weighted_inputs([g, g], [8, 24])), g, atol=1e-12)
-    # orthogonal -> the share-weighted sum scaled like Adasum's sum (n times the weighted mean)
-    a, b = _orthogonal(2)
-    combined = adasum_tree(share_weighted_inputs([a, b], [8, 24]))
-    assert torch.allclose(combined, 2 * (0.25 * a + 0.75 * b), atol=1e-12)
-    # equal shares: plain Adasum
-    assert torch.allclose(adasum_tree(share_weighted_inputs([a, g], [5, 5])), adasum_pair(a, g), atol=1e-12)
+@settings(max_examples=30, derandomize=True, deadline=None)
+@given(st.lists(st.integers(1, 64), min_size=1, max_size=7))
+def test_weighted_adasum_keeps_adasums_limits_for_any_shares(batches: list[int]) -> None:
+    n = len(batches)
+    g = torch.randn(9, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    assert torch.allclose(weighted_adasum_tree([g] * n, batches), g, atol=1e-10)  # agreement: the gradient
+    ortho = _orthogonal(n, size=9)
+    mean = sum(batches) / n
+    expect = sum((b / mean) * x for b, x in zip(batches, ortho, strict=True))
+    assert torch.allclose(weighted_adasum_tree(ortho, batches), expect, atol=1e-10)  # the weighted sum
+
+
+def test_weighted_adasum_with_equal_shares_is_adasum() -> None:
+    gen = torch.Generator().manual_seed(8)
+    grads = [torch.randn(7, generator=gen, dtype=torch.float64) for _ in range(5)]
+    assert torch.allclose(weighted_adasum_tree(grads, [3] * 5), adasum_tree(grads), atol=1e-12)
 
 
 def test_topk_ratio_one_is_the_plain_sum() -> None:
