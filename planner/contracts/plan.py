@@ -39,6 +39,7 @@ __all__ = [
     "RECOMPUTE",
     "SCHEDULES",
     "SYNC_MODES",
+    "SYNC_OPTIONS",
     "ZERO_STAGES",
     "Pipeline",
     "Plan",
@@ -57,7 +58,15 @@ PLAN_SCHEMA = "hetplan/plan/v1"
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 SCHEDULES = ("1f1b", "gpipe")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
-SYNC_MODES = ("allreduce",)
+SYNC_MODES = ("allreduce", "wsp", "sdpipe", "adasum", "topk")
+#: Each sync mode's options (``sync_options``) with their defaults; a mode takes only its own.
+SYNC_OPTIONS: dict[str, dict[str, float | int]] = {
+    "allreduce": {},
+    "wsp": {"staleness": 0, "wave": 1},  # HetPipe: waves of ``wave`` iterations, at most ``staleness`` ahead
+    "sdpipe": {"group_size": 2},  # pipelines averaged together per round, grouped by progress
+    "adasum": {},
+    "topk": {"ratio": 0.01},  # fraction of each gradient group's entries sent per step
+}
 RECOMPUTE = ("none", "full", "selective")
 ZERO_STAGES = (0, 1)
 
@@ -150,6 +159,7 @@ class Plan:
     dtype: str | None = None  # None: the profile's dtype
     optimizer: str = "adam"
     sync: str = "allreduce"
+    sync_options: dict[str, float | int] = field(default_factory=dict)  # the mode's, defaults filled in
     zero: int = 0  # 1: optimizer state (and fp32 master weights) sharded over each group's holders
     inputs: dict[str, dict[str, str]] = field(default_factory=dict)
     tool: dict[str, str] = field(default_factory=lambda: {"name": "hetplan", "version": __version__})
@@ -168,6 +178,8 @@ class Plan:
         out["optimizer"] = self.optimizer
         out["schedule"] = self.schedule
         out["sync"] = self.sync
+        if self.sync_options:
+            out["sync_options"] = dict(self.sync_options)
         if self.zero:
             out["zero"] = self.zero
         out["pipelines"] = [p.to_dict() for p in self.pipelines]
@@ -181,6 +193,10 @@ class Plan:
 
     def save(self, path: str | Path) -> None:
         write_yaml(self.to_dict(), path)
+
+    def sync_option(self, key: str) -> float | int:
+        """One of the sync mode's options: the plan's, else the mode's default."""
+        return self.sync_options.get(key, SYNC_OPTIONS[self.sync][key])
 
     def all_devices(self) -> list[str]:
         return [d for p in self.pipelines for d in p.devices()]
@@ -219,9 +235,30 @@ def _parse_stage(s: Fields) -> Stage:
         values = tuple(1.0 / replicas for _ in range(replicas))
     recompute = s.str("recompute", "none", choices=RECOMPUTE)
     s.done()
-    return Stage(
-        start=start, end=end, devices=tuple(devices), shares=values, tensor_parallel=tp, recompute=recompute
-    )
+    return Stage(start=start, end=end, devices=tuple(devices), shares=values, tensor_parallel=tp, recompute=recompute)
+
+
+def _sync_options(f: Fields, sync: str) -> dict[str, float | int]:
+    """``sync_options``: only the keys ``sync`` uses, each checked; the mode's defaults filled in."""
+    defaults = SYNC_OPTIONS[sync]
+    o = f.child("sync_options", None)
+    if o is None:
+        return dict(defaults)
+    out: dict[str, float | int] = {}
+    for key, default in defaults.items():
+        if key == "ratio":
+            value = o.number(key, default, positive=True, maximum=1.0)
+        elif key == "group_size":
+            value = o.integer(key, default, minimum=2)
+        else:
+            value = o.integer(key, default, minimum=1 if key == "wave" else 0)
+        out[key] = value
+    extra = sorted(str(k) for k in set(o.data) - set(defaults))
+    if extra:
+        used = ", ".join(defaults) or "no options"
+        raise o.error(f"sync mode {sync} takes {used}, not {', '.join(extra)}", extra[0])
+    o.done()
+    return out
 
 
 def _optional_mapping(f: Fields, key: str) -> dict[str, Any]:
@@ -337,7 +374,8 @@ def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
         schedule=f.str("schedule", "1f1b", choices=SCHEDULES),
         dtype=f.str("dtype", None, choices=DTYPES),
         optimizer=f.str("optimizer", "adam", choices=OPTIMIZERS),
-        sync=f.str("sync", "allreduce", choices=SYNC_MODES),
+        sync=(sync := f.str("sync", "allreduce", choices=SYNC_MODES)),
+        sync_options=_sync_options(f, sync),
         zero=f.integer("zero", 0, minimum=min(ZERO_STAGES), maximum=max(ZERO_STAGES)),
         inputs=inputs,
         tool=tool if isinstance(tool, dict) else {"name": str(tool)},
