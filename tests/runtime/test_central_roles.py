@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from hetplan.runtime.group_scheduler import GroupClient, GroupScheduler
 from hetplan.runtime.optim import make_optimizer
 from hetplan.runtime.param_server import ParamServer, PsClient
+from hetplan.runtime.wave_sync import GroupAverage, WaveSync
 
 SHAPES = {"a": (4,), "b": (3,)}
 WAVES = 5
@@ -45,6 +46,10 @@ def _run(rank: int, world: int, init: str, out: str) -> None:
             _ps_scenario(rank, world, Path(out) / f"server-{i}.pt", staleness, optimizer, slow)
             dist.barrier()  # a server serves one scenario: none of the next one's messages may reach it
         _scheduler_scenario(rank, world, Path(out))
+        dist.barrier()
+        _wave_scenario(rank, world, Path(out))
+        dist.barrier()
+        _average_scenario(rank, world, Path(out))
     finally:
         dist.destroy_process_group()
 
@@ -64,6 +69,56 @@ def _scheduler_scenario(rank: int, world: int, out: Path) -> None:
         got.append(client.ready(step))
     client.stop()
     torch.save(got, out / f"groups-{rank}.pt")
+
+
+WAVE, WAVE_STEPS = 2, 4
+AVERAGE_BATCHES = {0: 1, 1: 3, 2: 2, 3: 2}
+AVERAGE_STEPS = 3
+
+
+def _wave_scenario(rank: int, world: int, out: Path) -> None:
+    """WaveSync (wave 2, staleness 0, SGD) on two workers: the server's weights after every wave."""
+    central = world - 1
+    numel = sum(torch.Size(s).numel() for s in SHAPES.values())
+    if rank == central:
+        torch.manual_seed(0)
+        params = {n: torch.nn.Parameter(torch.randn(s)) for n, s in SHAPES.items()}
+        opt = make_optimizer("sgd", list(params.values()), lr=0.05)
+        ps = ParamServer(params, {r: list(SHAPES) for r in range(2)}, optimizer=opt)
+        ps.serve()
+        torch.save(torch.cat([p.detach().flatten() for p in params.values()]), out / "wave.pt")
+        return
+    if rank >= 2:
+        return
+    sync = WaveSync(PsClient(central, numel, rank=rank), wave=WAVE, staleness=0)
+    weights = sync.start()
+    for step in range(WAVE_STEPS):
+        pulled = sync.after_step(step, _grad(rank, step, weights))
+        if pulled is not None:
+            weights = pulled
+    sync.stop()
+    torch.save(sync.log, out / f"wave-log-{rank}.pt")
+
+
+def _average_scenario(rank: int, world: int, out: Path) -> None:
+    """GroupAverage on four one-device pipelines: inputs and outputs of every step."""
+    central = world - 1
+    pipelines = {p: [p] for p in range(WORKERS)}
+    if rank == central:
+        scheduler = GroupScheduler(pipelines, group_size=2)
+        scheduler.serve()
+        torch.save(scheduler.log.groups, out / "average-groups.pt")
+        return
+    client = GroupClient(central, pipeline=rank, rank=rank, n_pipelines=WORKERS)
+    avg = GroupAverage(client, pipeline=rank, peers={q: q for q in range(WORKERS)}, batches=AVERAGE_BATCHES)
+    weights = torch.full((5,), float(rank + 1)) + torch.arange(5.0)
+    record = []
+    for step in range(AVERAGE_STEPS):
+        new = avg.after_step(step, weights)
+        record.append((avg.log[-1], weights.clone(), new.clone()))
+        weights = new * 1.5 + rank  # each pipeline's local step makes them differ again
+    avg.stop()
+    torch.save(record, out / f"average-{rank}.pt")
 
 
 def _ps_scenario(rank: int, world: int, out: Path, staleness: int, optimizer: str, slow: int) -> None:
@@ -101,6 +156,13 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     mp.spawn(_run, args=(WORKERS + 1, f"file://{tmp / 'store'}", str(tmp)), nprocs=WORKERS + 1)
     out = [torch.load(tmp / f"server-{i}.pt") for i in range(len(SCENARIOS))]
     out.append({"log": torch.load(tmp / "groups.pt"), **{r: torch.load(tmp / f"groups-{r}.pt") for r in range(4)}})
+    out.append({"weights": torch.load(tmp / "wave.pt"), **{r: torch.load(tmp / f"wave-log-{r}.pt") for r in range(2)}})
+    out.append(
+        {
+            "log": torch.load(tmp / "average-groups.pt"),
+            **{r: torch.load(tmp / f"average-{r}.pt") for r in range(WORKERS)},
+        }
+    )
     return out
 
 
@@ -137,7 +199,7 @@ def test_no_worker_runs_more_than_d_waves_ahead(results: list[dict]) -> None:
 
 
 def test_every_device_of_a_pipeline_learns_the_same_groups(results: list[dict]) -> None:
-    sched = results[-1]
+    sched = results[len(SCENARIOS)]
     for ranks in PIPELINES.values():
         assert all(sched[r] == sched[ranks[0]] for r in ranks)
     for p, ranks in PIPELINES.items():
@@ -145,7 +207,7 @@ def test_every_device_of_a_pipeline_learns_the_same_groups(results: list[dict]) 
 
 
 def test_each_ready_step_is_grouped_once_in_step_order(results: list[dict]) -> None:
-    log = results[-1]["log"]
+    log = results[len(SCENARIOS)]["log"]
     seen = [(p, s) for group, steps in log for p, s in zip(group, steps, strict=True)]
     assert sorted(seen) == sorted((p, s) for p in PIPELINES for s in range(SCHEDULER_STEPS))
     for p in PIPELINES:
@@ -153,3 +215,37 @@ def test_each_ready_step_is_grouped_once_in_step_order(results: list[dict]) -> N
     assert all(1 <= len(group) <= 2 for group, _ in log)
     # a group of one only once no partner can come: the first groups are pairs (three pipelines run)
     assert len(log[0][0]) == 2
+
+
+def test_wave_sync_is_synchronous_training_over_waves(results: list[dict]) -> None:
+    """Wave 2, staleness 0: each wave's gradient summed over its steps and workers at the wave's
+    starting weights, one SGD step per wave."""
+    wave = results[len(SCENARIOS) + 1]
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s)) for s in SHAPES.values()]
+    opt = make_optimizer("sgd", params, lr=0.05)
+    for clock in range(WAVE_STEPS // WAVE):
+        weights = torch.cat([p.detach().flatten() for p in params])
+        steps = range(clock * WAVE, (clock + 1) * WAVE)
+        total = sum(_grad(r, s, weights) for r in range(2) for s in steps)
+        offset = 0
+        for p in params:
+            p.grad = total[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        opt.step()
+    assert torch.allclose(wave["weights"], torch.cat([p.detach().flatten() for p in params]), atol=1e-6)
+    for r in range(2):
+        assert [e["waves_ahead"] for e in wave[r]] == [0] * (WAVE_STEPS // WAVE)
+
+
+def test_group_average_is_the_share_weighted_mean_of_the_group(results: list[dict]) -> None:
+    records = results[len(SCENARIOS) + 2]
+    assert len(records["log"]) >= AVERAGE_STEPS * WORKERS // 2
+    for group, steps in records["log"]:  # members may be at different steps: SDPipe groups by arrival
+        member = {q: records[q][s] for q, s in zip(group, steps, strict=True)}
+        assert all(rec[0] == group for rec in member.values())
+        total = sum(AVERAGE_BATCHES[q] for q in group)
+        expect = sum(member[q][1].double() * AVERAGE_BATCHES[q] / total for q in group).float()
+        for q in group:
+            assert torch.equal(member[q][2], member[group[0]][2])  # the same bits on every member
+            assert torch.allclose(member[q][2], expect, atol=1e-6)
