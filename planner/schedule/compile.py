@@ -140,19 +140,26 @@ def gradient_groups(plan: Plan, n_blocks: int) -> list[GradGroup]:
     """Group blocks by the set of devices that hold them; groups in reverse block order.
 
     Reverse block order is the order gradients become ready in the backward pass, so it is the
-    order in which a device starts its all-reduces.
+    order in which a device starts its all-reduces. The sync mode sets the scope: every holder
+    (``allreduce``, ``adasum``, ``topk``), the holders inside each pipeline (``sdpipe``: pipelines
+    meet by averaging weights), or none (``wsp``: the parameter server sums the pushes).
     """
-    holders: list[list[str]] = [[] for _ in range(n_blocks)]
-    degree = [1] * n_blocks
-    for p in plan.pipelines:
-        for s in p.stages:
-            for b in range(s.start, min(s.end, n_blocks)):
-                holders[b].extend(s.devices)
-                degree[b] = s.tensor_parallel  # one degree per block: the plan contract checks it
+    if plan.sync == "wsp":
+        return []  # every device pushes its own gradient to the parameter server: no group reduces
+    # SDPipe: the pipelines average weights in groups after stepping; gradients reduce inside each one
+    scopes = [[p] for p in plan.pipelines] if plan.sync == "sdpipe" else [plan.pipelines]
     by_set: dict[tuple[str, ...], list[int]] = {}
-    for b in range(n_blocks):
-        by_set.setdefault(tuple(holders[b]), []).append(b)
-    ordered = sorted(by_set.items(), key=lambda item: -max(item[1]))
+    degree = [1] * n_blocks
+    for pipelines in scopes:
+        holders: list[list[str]] = [[] for _ in range(n_blocks)]
+        for p in pipelines:
+            for s in p.stages:
+                for b in range(s.start, min(s.end, n_blocks)):
+                    holders[b].extend(s.devices)
+                    degree[b] = s.tensor_parallel  # one degree per block: the plan contract checks it
+        for b in range(n_blocks):
+            by_set.setdefault(tuple(holders[b]), []).append(b)
+    ordered = sorted(by_set.items(), key=lambda item: (-max(item[1]), item[0]))
     groups: list[GradGroup] = []
     for devices, blocks in ordered:
         t = degree[blocks[0]]
