@@ -149,6 +149,13 @@ def _family_options(func: Any) -> Any:
 )
 @click.option("--dtype", default="fp32", type=click.Choice(["fp32", "tf32", "fp16", "bf16"]), show_default=True)
 @click.option("--micro-batches", default="1,2,4,8", show_default=True, help="Micro-batch sizes to time.")
+@click.option(
+    "--tensor-parallel",
+    "tp_degrees",
+    default="1",
+    show_default=True,
+    help="Measured profiles: tensor-parallel degrees to time each block at, e.g. 1,2,4 (--analytic: 1,2,4,8).",
+)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Profile file to write.")
 def profile(
     family: str,
@@ -164,6 +171,7 @@ def profile(
     threads: int,
     dtype: str,
     micro_batches: str,
+    tp_degrees: str,
     output: str,
     **settings: Any,
 ) -> None:
@@ -198,6 +206,7 @@ def profile(
                 warmup=warmup,
                 repeat=repeat,
                 estimate_for=_csv(estimate_for, param="--estimate-for"),
+                tensor_parallel=tuple(_csv_ints(tp_degrees, param="--tensor-parallel")),
                 device_type=device_type,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )
@@ -208,13 +217,13 @@ def profile(
     console.print(line)
 
 
-def _parse_kwargs(text: str | None) -> dict[str, Any]:
+def _parse_kwargs(text: str | None, *, param: str = "--kwargs") -> dict[str, Any]:
     """``width=64,act=relu`` -> {"width": 64, "act": "relu"} (ints and floats recognised)."""
     out: dict[str, Any] = {}
-    for item in _csv(text, param="--kwargs") if text else []:
+    for item in _csv(text, param=param) if text else []:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise HetplanError(f"expected key=value, got {item!r}", field="--kwargs")
+            raise HetplanError(f"expected key=value, got {item!r}", field=param)
         value: Any = raw.strip()
         for cast in (int, float):
             try:
@@ -288,10 +297,15 @@ def pipedream(
     default=None,
     help="Sailor training config (default: the matching training_config_*.json beside FILE).",
 )
-@click.option("--tensor-parallel", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--tensor-parallel",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Import only this degree, as the base times (default: every degree the file has, in one profile).",
+)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False))
 def sailor(
-    file: str, model: str, gpu_types: str | None, training_config: str | None, tensor_parallel: int, output: str
+    file: str, model: str, gpu_types: str | None, training_config: str | None, tensor_parallel: int | None, output: str
 ) -> None:
     """Import a Sailor profiles.json for one model.
 
@@ -407,6 +421,14 @@ def show(file: str, as_json: bool) -> None:
 )
 @click.option("--micro-batch-sizes", default=None, help="Micro-batch sizes to consider (default 1,2,4,...,64).")
 @click.option("--max-stages", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--sync",
+    default="allreduce",
+    show_default=True,
+    type=click.Choice(["allreduce", "adasum", "topk", "wsp", "sdpipe"]),
+    help="How pipelines combine gradients (docs/sync-modes.md); candidates are scored under it.",
+)
+@click.option("--sync-option", "sync_option", multiple=True, help="The mode's option KEY=VALUE, e.g. staleness=2.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Plan file to write.")
 def plan(
     profile_file: str,
@@ -417,6 +439,8 @@ def plan(
     dtype: str | None,
     micro_batch_sizes: str | None,
     max_stages: int,
+    sync: str,
+    sync_option: tuple[str, ...],
     output: str,
 ) -> None:
     """Search for the fastest hybrid pipeline + data parallel plan on a heterogeneous cluster.
@@ -446,6 +470,8 @@ def plan(
         optimizer=optimizer,
         micro_batch_sizes=sizes,
         max_stages=max_stages,
+        sync=sync,
+        sync_options=_parse_kwargs(",".join(sync_option), param="--sync-option") if sync_option else {},
     )
     with _progress("searching structures", err_console) as bar:
         task = bar.add_task("search", total=None)
@@ -732,6 +758,11 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
 )
 @click.option("--resume-step", default=None, type=click.IntRange(min=0), help="The checkpoint step to resume from.")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1), help="Torch threads per rank.")
+@click.option(
+    "--straggler",
+    multiple=True,
+    help="Emulation (with --emulate): DEVICE:FACTORx@STEP makes a device FACTOR times slower from STEP on.",
+)
 @_training_options
 def launch(
     plan_file: str,
@@ -744,6 +775,7 @@ def launch(
     resume: str | None,
     resume_step: int | None,
     threads: int,
+    straggler: tuple[str, ...],
     **training: Any,
 ) -> None:
     """Train a plan here: spawn every rank on this machine (gloo), show progress, summarise.
@@ -754,8 +786,10 @@ def launch(
       hetplan launch plan.yaml --steps 200 --data book.txt      # a character-level language model
       hetplan launch plan.yaml --dataset mydata:build --optimizer adamw --clip-grad-norm 1 --warmup-steps 10
     """
+    from hetplan.contracts.emulation import parse_straggler
     from hetplan.local_job import train_here
 
+    stragglers = [parse_straggler(text) for text in straggler]
     loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
     label = " (EMULATED device speeds)" if emulate else ""
     with _progress(f"training {len(loaded.all_devices())} ranks{label}", console) as bar:
@@ -775,6 +809,7 @@ def launch(
             resume_step=resume_step,
             threads=threads,
             progress=lambda done, total: bar.update(task, completed=done),
+            stragglers=stragglers,
         )
     console.print(job.summary)
     if log_file:

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hetplan.contracts.cluster import Cluster
+from hetplan.contracts.emulation import SlowdownSchedule, Straggler
 from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Plan
 from hetplan.contracts.yamlio import write_yaml
 from hetplan.emit import build_rank_config
+from hetplan.errors import HetplanError
 
 __all__ = ["LocalJob", "TrainingOptions", "train_here"]
 
@@ -84,6 +86,23 @@ def _check_inputs(profile: ModelProfile, plan: Plan, options: TrainingOptions) -
     return options
 
 
+def add_stragglers(config: dict[str, Any], stragglers: Sequence[Straggler], *, emulate: bool) -> None:
+    """Write each ``--straggler DEVICE:FACTORx@STEP`` into the rank config's device entry (its
+    ``slowdown_changes``); a device the plan does not use, or no ``--emulate``, is a one-line error."""
+    if stragglers and not emulate:
+        raise HetplanError("stragglers are emulation: add --emulate", field="--straggler")
+    entries = {d["address"]: d for d in config["devices"]}
+    for s in stragglers:
+        entry = entries.get(s.device)
+        if entry is None:
+            raise HetplanError(
+                f"device {s.device} is not in the plan (its devices: {', '.join(entries)})", field="--straggler"
+            )
+        schedule = SlowdownSchedule(entry["emulated_slowdown"], tuple(map(tuple, entry.get("slowdown_changes", []))))
+        # the factor is relative to the device's base type, as the cluster's emulated slowdowns are
+        entry["slowdown_changes"] = [list(c) for c in schedule.with_change(s.step, s.factor).changes]
+
+
 def train_here(
     plan: Plan,
     profile: ModelProfile,
@@ -100,12 +119,15 @@ def train_here(
     resume_step: int | None = None,
     threads: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    stragglers: Sequence[Straggler] = (),
 ) -> LocalJob:
-    """Train ``steps`` steps of ``plan`` with every rank on this machine (gloo)."""
+    """Train ``steps`` steps of ``plan`` with every rank on this machine (gloo); ``stragglers``
+    (emulation, with ``emulate``) make a device slower from a step on."""
     from hetplan.runtime.launcher import launch_local
 
     options = _check_inputs(profile, plan, options)
     config = build_rank_config(plan, profile, cluster, backend="gloo", **options.rank_config_kwargs())
+    add_stragglers(config, stragglers, emulate=emulate)
     folder = Path(tempfile.mkdtemp(prefix="hetplan-launch-"))
     try:
         write_yaml(config, folder / "rank-config.yaml")

@@ -24,7 +24,7 @@ from typing import Any
 
 from hetplan.contracts.catalog import Catalog
 from hetplan.contracts.cluster import Cluster, parse_cluster
-from hetplan.contracts.model_profile import ModelProfile, Timing
+from hetplan.contracts.model_profile import Block, ModelProfile, Timing
 from hetplan.errors import HetplanError
 from hetplan.units import parse_bandwidth, parse_time
 
@@ -112,9 +112,31 @@ def candidate_params(
 
 def _scale_times(times: dict[int, Timing], factor: float, source: str | None) -> dict[int, Timing]:
     return {
-        m: Timing(fwd=t.fwd * factor, bwd=t.bwd * factor, source=source or t.source, spread=t.spread)
+        m: Timing(
+            fwd=t.fwd * factor,
+            bwd=t.bwd * factor,
+            source=source or t.source,
+            spread=t.spread,
+            recompute=t.recompute * factor if t.recompute is not None else None,
+        )
         for m, t in times.items()
     }
+
+
+def _scale_block(block: Block, updates: dict[str, tuple[str, float, str | None]]) -> Block:
+    """``block`` with each type's times (``name -> (source key, factor, new source)``) rescaled, at
+    degree 1 and at every tensor-parallel degree that has the source key's times."""
+    times = dict(block.times)
+    for name, (key, factor, source) in updates.items():
+        times[name] = _scale_times(block.times[key], factor, source)
+    degrees = {}
+    for t, tp in block.tensor_parallel.items():
+        tp_times = dict(tp.times)
+        for name, (key, factor, source) in updates.items():
+            if key in tp.times:
+                tp_times[name] = _scale_times(tp.times[key], factor, source)
+        degrees[t] = replace(tp, times=tp_times)
+    return replace(block, times=times, tensor_parallel=degrees)
 
 
 @dataclass
@@ -150,14 +172,13 @@ class Model:
         pinned = {name: ks for name, ks in scales.items() if name not in factors and ks[0] in factors}
         blocks = []
         for block in self.profile.blocks:
-            times = dict(block.times)
+            updates: dict[str, tuple[str, float, str | None]] = {}
             for name, by_kind in factors.items():
                 key, scale = source[name]
-                factor = by_kind.get(block.kind, by_kind.get(None, 1.0))
-                times[name] = _scale_times(block.times[key], scale * factor, "calibrated")
+                updates[name] = (key, scale * by_kind.get(block.kind, by_kind.get(None, 1.0)), "calibrated")
             for name, (key, scale) in pinned.items():
-                times[name] = _scale_times(block.times[key], scale, None)
-            blocks.append(replace(block, times=times))
+                updates[name] = (key, scale, None)
+            blocks.append(_scale_block(block, updates))
         return replace(self.profile, blocks=blocks)
 
     def build_raw_cluster(self, values: dict[Param, float]) -> dict[str, Any]:

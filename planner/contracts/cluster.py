@@ -54,6 +54,14 @@ class Link:
             return 0.0
         return self.latency + nbytes / self.bandwidth
 
+    def ring_allreduce_time(self, nbytes: float, n: int) -> float:
+        """Ring all-reduce of ``nbytes`` over ``n`` ranks whose every hop is this link: reduce-scatter
+        then all-gather, 2(n-1) steps, each moving one ``nbytes / n`` chunk over every hop at once
+        (Patarasuk & Yuan 2009; the alpha-beta model): 2(n-1) (latency + nbytes / (n bandwidth))."""
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        return 2.0 * (n - 1) / n * nbytes / self.bandwidth + 2.0 * (n - 1) * self.latency
+
 
 @dataclass(frozen=True)
 class Device:

@@ -3,12 +3,32 @@
     profile = load_profile("gpt.profile.yaml")
     profile.blocks[3].output_bytes            # bytes per sample sent to block 4
     profile.block_time(3, device_type, 6)     # (fwd_s, bwd_s) at micro-batch 6, interpolated
+    profile.tp_degrees(3)                     # (1, 2, 4): the tensor-parallel degrees block 3 has
+    profile.block_time(3, device_type, 6, tp=2)   # compute only, per device, at degree 2
+    profile.shard(3, 2).params                # parameters each of the 2 devices holds
+    profile.recompute_time(3, device_type, 6, tp=2)   # seconds to redo what selective recompute drops
 
 Times are seconds per micro-batch at a few measured (or estimated) micro-batch sizes. Between two
 sizes the time is interpolated linearly; above the largest it grows in proportion to the batch
 (the device is saturated there); below the smallest it shrinks in proportion too, which is
 optimistic (small batches run below peak), so profiles should include micro-batch 1. An emulated
 device type without times of its own takes its base type's times multiplied by its slowdown.
+
+Tensor parallelism (optional, per block; docs/contracts/model-profile.md): a block may carry
+``tensor_parallel: {t: {...}}`` for degrees t >= 2, each with what one of the t devices holds and
+does in a Megatron-style split (Shoeybi et al. 2019): ``params`` (and ``param_bytes``) per device,
+``activation_bytes`` per device per sample, ``allreduce_bytes`` per sample (the all-reduce at the
+block's end, once in forward and once in backward), ``selective_bytes`` and ``time`` as below, and
+``allreduce_in_time: true`` where the times were measured with that all-reduce inside them (then
+the cost model does not add it again). A degree is available for a block only where it has one;
+degree 1 is the block itself. A degree's ``time`` may cover fewer device types than degree 1 (an
+imported file need not have measured every type at every degree).
+
+Selective recomputation (Korthikanti et al. 2022): ``selective_bytes`` is the part of
+``activation_bytes`` (per sample) that selective recomputation drops (the attention internals:
+scores, softmax output, dropout mask and output), and each timing's optional ``recompute`` is the
+forward seconds of recomputing it at that micro-batch (the attention core's kernels). A block with
+``selective_bytes`` but no ``recompute`` time is charged its whole forward (conservative).
 """
 
 from __future__ import annotations
@@ -23,7 +43,17 @@ from hetplan.contracts.fields import Fields
 from hetplan.contracts.yamlio import read_mapping, schema_of, write_yaml
 from hetplan.errors import HetplanError
 
-__all__ = ["PROFILE_SCHEMA", "TIME_SOURCES", "Block", "ModelProfile", "Timing", "load_profile", "parse_profile"]
+__all__ = [
+    "PROFILE_SCHEMA",
+    "TIME_SOURCES",
+    "Block",
+    "ModelProfile",
+    "Shard",
+    "TensorParallel",
+    "Timing",
+    "load_profile",
+    "parse_profile",
+]
 
 PROFILE_SCHEMA = "hetplan/model-profile/v1"
 #: ``calibrated``: a time rescaled by ``hetplan calibrate`` to fit measured runs (docs/calibration.md).
@@ -38,12 +68,60 @@ class Timing:
     bwd: float
     source: str = "measured"
     spread: float | None = None  # relative spread of repeated measurements (max-min)/median
+    recompute: float | None = None  # forward seconds to recompute what selective recompute drops
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"fwd": self.fwd, "bwd": self.bwd, "source": self.source}
+        out: dict[str, Any] = {"fwd": self.fwd, "bwd": self.bwd}
+        if self.recompute is not None:
+            out["recompute"] = self.recompute
+        out["source"] = self.source
         if self.spread is not None:
             out["spread"] = self.spread
         return out
+
+
+def _times_dict(times: dict[str, dict[int, Timing]]) -> dict[str, Any]:
+    return {device: {m: t.to_dict() for m, t in sorted(by_size.items())} for device, by_size in times.items()}
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """One block at tensor-parallel degree ``t`` (>= 2): what each of its ``t`` devices holds and does."""
+
+    params: int  # per device: the sharded matrices / t plus what every device keeps whole
+    param_bytes: float
+    activation_bytes: float  # per device, per sample, kept for backward
+    allreduce_bytes: float  # per sample: the block's all-reduce, once in forward and once in backward
+    times: dict[str, dict[int, Timing]] = field(default_factory=dict)  # compute only, per device
+    selective_bytes: float = 0.0  # per device, per sample: what selective recomputation drops
+    allreduce_in_time: bool = False  # the times were measured with the all-reduce inside them
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "params": self.params,
+            "param_bytes": self.param_bytes,
+            "activation_bytes": self.activation_bytes,
+            "allreduce_bytes": self.allreduce_bytes,
+        }
+        if self.selective_bytes:
+            out["selective_bytes"] = self.selective_bytes
+        if self.allreduce_in_time:
+            out["allreduce_in_time"] = True
+        out["time"] = _times_dict(self.times)
+        return out
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What one device of a block's tensor-parallel group holds, at one degree (1: the whole block)."""
+
+    tp: int
+    params: int
+    param_bytes: float
+    activation_bytes: float
+    selective_bytes: float
+    allreduce_bytes: float  # 0 at degree 1
+    allreduce_in_time: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,9 +136,11 @@ class Block:
     output_bytes: float  # per sample, sent to the next block
     flops_fwd: float  # per sample
     times: dict[str, dict[int, Timing]] = field(default_factory=dict)
+    selective_bytes: float = 0.0  # per sample: the part of activation_bytes selective recompute drops
+    tensor_parallel: dict[int, TensorParallel] = field(default_factory=dict)  # degree (>= 2) -> data
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "kind": self.kind,
             "params": self.params,
@@ -68,10 +148,26 @@ class Block:
             "activation_bytes": self.activation_bytes,
             "output_bytes": self.output_bytes,
             "flops_fwd": self.flops_fwd,
-            "time": {
-                device: {m: t.to_dict() for m, t in sorted(by_size.items())} for device, by_size in self.times.items()
-            },
         }
+        if self.selective_bytes:
+            out["selective_bytes"] = self.selective_bytes
+        out["time"] = _times_dict(self.times)
+        if self.tensor_parallel:
+            out["tensor_parallel"] = {t: data.to_dict() for t, data in sorted(self.tensor_parallel.items())}
+        return out
+
+    def shard(self, tp: int = 1) -> Shard:
+        """This block's per-device figures at degree ``tp`` (KeyError where it has no such degree)."""
+        if tp == 1:
+            return Shard(1, self.params, self.param_bytes, self.activation_bytes, self.selective_bytes, 0.0)
+        d = self.tensor_parallel[tp]
+        return Shard(
+            tp, d.params, d.param_bytes, d.activation_bytes, d.selective_bytes, d.allreduce_bytes, d.allreduce_in_time
+        )
+
+    def times_at(self, tp: int = 1) -> dict[str, dict[int, Timing]]:
+        """The block's times at degree ``tp`` (KeyError where it has no such degree)."""
+        return self.times if tp == 1 else self.tensor_parallel[tp].times
 
 
 def _interpolate(points: dict[int, Timing], m: float) -> tuple[float, float]:
@@ -89,6 +185,13 @@ def _interpolate(points: dict[int, Timing], m: float) -> tuple[float, float]:
     t0, t1 = points[m0], points[m1]
     w = (m - m0) / (m1 - m0)
     return t0.fwd + w * (t1.fwd - t0.fwd), t0.bwd + w * (t1.bwd - t0.bwd)
+
+
+def _interpolate_recompute(points: dict[int, Timing], m: float) -> float:
+    """The ``recompute`` seconds at ``m``, read as :func:`_interpolate` reads ``fwd`` (a point
+    without one counts its whole forward)."""
+    as_fwd = {size: Timing(t.fwd if t.recompute is None else t.recompute, 0.0) for size, t in points.items()}
+    return _interpolate(as_fwd, m)[0]
 
 
 @dataclass
@@ -122,6 +225,55 @@ class ModelProfile:
                 return alias
         return None
 
+    def tp_degrees(self, index: int, device: DeviceType | None = None) -> tuple[int, ...]:
+        """Tensor-parallel degrees block ``index`` has, ascending, always with 1; with ``device``,
+        only those with times for it (degree 1 is kept: :meth:`time_scale` says where it lacks them)."""
+        block = self.blocks[index]
+        degrees = sorted(block.tensor_parallel)
+        if device is not None:
+            degrees = [t for t in degrees if self._tp_key(block.tensor_parallel[t].times, device) is not None]
+        return (1, *degrees)
+
+    def shard(self, index: int, tp: int = 1) -> Shard:
+        """Per-device figures of block ``index`` at degree ``tp``; a degree it lacks is an error."""
+        block = self.blocks[index]
+        if tp != 1 and tp not in block.tensor_parallel:
+            raise HetplanError(
+                f"block {block.name!r} has no tensor-parallel degree {tp} (it has: "
+                f"{', '.join(map(str, self.tp_degrees(index)))}); profile it at that degree",
+                file=self.file,
+                field=f"blocks[{index}].tensor_parallel",
+            )
+        return block.shard(tp)
+
+    @staticmethod
+    def _tp_key(times: dict[str, dict[int, Timing]], device: DeviceType) -> tuple[str, float] | None:
+        """The key of ``times`` that serves ``device`` and the factor on it (one block, one degree)."""
+        for name in (device.name, *device.aliases):
+            if name in times:
+                return name, 1.0
+        if device.emulated and device.emulates is not None and device.emulates in times:
+            return device.emulates, device.slowdown
+        return None
+
+    def _points(self, index: int, device: DeviceType, tp: int) -> tuple[dict[int, Timing], float]:
+        """The timed points of block ``index`` at degree ``tp`` for ``device``, and the factor on them."""
+        if tp == 1:
+            key, scale = self.time_scale(device)
+            return self.blocks[index].times[key], scale
+        times = self.blocks[index].times_at(tp) if tp in self.blocks[index].tensor_parallel else None
+        found = self._tp_key(times, device) if times is not None else None
+        if times is None or found is None:
+            self.shard(index, tp)  # a missing degree says so
+            have = ", ".join(times or {}) or "none"
+            raise HetplanError(
+                f"block {self.blocks[index].name!r} has no times for {device.name} at tensor-parallel degree {tp} "
+                f"(it has: {have})",
+                file=self.file,
+                field=f"blocks[{index}].tensor_parallel.{tp}.time",
+            )
+        return times[found[0]], found[1]
+
     def time_scale(self, device: DeviceType) -> tuple[str, float]:
         """The profile key whose times serve ``device``, and the factor to multiply them by."""
         key = self._times_key(device)
@@ -139,11 +291,20 @@ class ModelProfile:
             field="blocks[].time",
         )
 
-    def block_time(self, index: int, device: DeviceType, m: float) -> tuple[float, float]:
-        """(forward, backward) seconds of block ``index`` at micro-batch ``m`` on ``device``."""
-        key, scale = self.time_scale(device)
-        fwd, bwd = _interpolate(self.blocks[index].times[key], m)
+    def block_time(self, index: int, device: DeviceType, m: float, tp: int = 1) -> tuple[float, float]:
+        """(forward, backward) seconds of block ``index`` at micro-batch ``m`` on ``device``; at
+        ``tp`` >= 2 the compute of one device of the group (its all-reduces are the cost model's)."""
+        points, scale = self._points(index, device, tp)
+        fwd, bwd = _interpolate(points, m)
         return fwd * scale, bwd * scale
+
+    def recompute_time(self, index: int, device: DeviceType, m: float, tp: int = 1) -> float:
+        """Forward seconds to recompute what selective recomputation drops from block ``index``
+        (0 for a block that drops nothing)."""
+        if self.shard(index, tp).selective_bytes <= 0:
+            return 0.0
+        points, scale = self._points(index, device, tp)
+        return _interpolate_recompute(points, m) * scale
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema": PROFILE_SCHEMA, "model": self.model, "dtype": self.dtype}
@@ -175,6 +336,7 @@ def _parse_times(f: Fields) -> dict[str, dict[int, Timing]]:
                 bwd=t.number("bwd", minimum=0.0),
                 source=t.str("source", "measured", choices=TIME_SOURCES),
                 spread=t.number("spread", None, minimum=0.0),
+                recompute=t.number("recompute", None, minimum=0.0),
             )
             t.done()
             points[m] = timing
@@ -182,6 +344,43 @@ def _parse_times(f: Fields) -> dict[str, dict[int, Timing]]:
             raise f.error("expected at least one micro-batch size", where)
         times[device] = points
     return times
+
+
+def _selective_bytes(f: Fields, activation_bytes: float) -> float:
+    value = f.number("selective_bytes", 0.0, minimum=0.0)
+    if value > activation_bytes:
+        raise f.error(
+            f"selective recomputation cannot drop {value:g} bytes of the {activation_bytes:g} the block keeps",
+            "selective_bytes",
+        )
+    return value
+
+
+def _parse_tensor_parallel(b: Fields, params: int) -> dict[int, TensorParallel]:
+    """A block's ``tensor_parallel: {t: {...}}``: degrees >= 2, each with its per-device figures."""
+    out: dict[int, TensorParallel] = {}
+    for degree, value in b.mapping_items("tensor_parallel", {}):
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 2:
+            raise b.error(f"tensor-parallel degrees must be integers >= 2, got {degree!r}", "tensor_parallel")
+        d = Fields(value, file=b.file, path=f"{b.where('tensor_parallel')}.{degree}")
+        shard_params = d.integer("params", minimum=0)
+        if shard_params > params:
+            raise d.error(f"a device of the group cannot hold more than the block's {params} parameters", "params")
+        activation = d.number("activation_bytes", minimum=0.0)
+        entry = TensorParallel(
+            params=shard_params,
+            param_bytes=d.number("param_bytes", minimum=0.0),
+            activation_bytes=activation,
+            allreduce_bytes=d.number("allreduce_bytes", minimum=0.0),
+            selective_bytes=_selective_bytes(d, activation),
+            allreduce_in_time=d.boolean("allreduce_in_time", False),
+            times=_parse_times(d),
+        )
+        if not entry.times:
+            raise d.error("expected times for at least one device type", "time")
+        d.done()
+        out[degree] = entry
+    return dict(sorted(out.items()))
 
 
 def parse_profile(data: dict[str, Any], *, file: str | None = None) -> ModelProfile:
@@ -222,15 +421,18 @@ def parse_profile(data: dict[str, Any], *, file: str | None = None) -> ModelProf
             raise b.error(f"duplicate block name {name!r}", "name")
         names.add(name)
         params = b.integer("params", minimum=0)
+        activation = b.number("activation_bytes", minimum=0.0)
         block = Block(
             name=name,
             kind=b.str("kind", "block"),
             params=params,
             param_bytes=b.number("param_bytes", float(params * dtype_bytes), minimum=0.0),
-            activation_bytes=b.number("activation_bytes", minimum=0.0),
+            activation_bytes=activation,
             output_bytes=b.number("output_bytes", minimum=0.0),
             flops_fwd=b.number("flops_fwd", 0.0, minimum=0.0),
             times=_parse_times(b),
+            selective_bytes=_selective_bytes(b, activation),
+            tensor_parallel=_parse_tensor_parallel(b, params),
         )
         b.done()
         blocks.append(block)

@@ -50,6 +50,7 @@ __all__ = [
     "load_plan_inputs",
     "parse_pipelines",
     "parse_plan",
+    "parse_sync",
     "readable_plan_inputs",
     "split_micro_batch",
 ]
@@ -238,6 +239,37 @@ def _parse_stage(s: Fields) -> Stage:
     return Stage(start=start, end=end, devices=tuple(devices), shares=values, tensor_parallel=tp, recompute=recompute)
 
 
+def parse_sync(f: Fields, pipelines: list[Pipeline], zero: int) -> tuple[str, dict[str, float | int]]:
+    """``sync`` and ``sync_options`` of a plan (or a rank config's training section), checked
+    against the pipelines and ``zero``."""
+    sync = f.str("sync", "allreduce", choices=SYNC_MODES)
+    _check_sync_combinations(f, sync, zero, pipelines)
+    return sync, _sync_options(f, sync)
+
+
+def _check_sync_combinations(f: Fields, sync: str, zero: int, pipelines: list[Pipeline]) -> None:
+    """What a sync mode cannot be combined with (each refusal says why)."""
+    if zero and sync != "allreduce":
+        raise f.error(f"zero: 1 shards the all-reduce's state; sync {sync} combines gradients otherwise", "zero")
+    if sync in ("adasum", "wsp", "sdpipe"):
+        for pi, p in enumerate(pipelines):
+            for si, s in enumerate(p.stages):
+                if s.tensor_parallel > 1:
+                    raise f.error(
+                        f"sync {sync} works on whole tensors; pipelines[{pi}].stages[{si}] is tensor-parallel",
+                        "sync",
+                    )
+    if sync == "sdpipe":
+        shape = [(s.start, s.end, len(s.devices)) for s in pipelines[0].stages]
+        for pi, p in enumerate(pipelines[1:], start=1):
+            if [(s.start, s.end, len(s.devices)) for s in p.stages] != shape:
+                raise f.error(
+                    f"sync sdpipe averages each device with its counterparts: pipelines[{pi}] must have the "
+                    "stages (blocks and device counts) of pipelines[0]",
+                    "sync",
+                )
+
+
 def _sync_options(f: Fields, sync: str) -> dict[str, float | int]:
     """``sync_options``: only the keys ``sync`` uses, each checked; the mode's defaults filled in."""
     defaults = SYNC_OPTIONS[sync]
@@ -368,15 +400,17 @@ def parse_plan(data: dict[str, Any], *, file: str | None = None) -> Plan:
     inputs_f.done()
     global_batch = f.integer("global_batch", minimum=1)
     pipelines = parse_pipelines(f, global_batch)
+    zero = f.integer("zero", 0, minimum=min(ZERO_STAGES), maximum=max(ZERO_STAGES))
+    sync, sync_options = parse_sync(f, pipelines, zero)
     plan = Plan(
         global_batch=global_batch,
         pipelines=pipelines,
         schedule=f.str("schedule", "1f1b", choices=SCHEDULES),
         dtype=f.str("dtype", None, choices=DTYPES),
         optimizer=f.str("optimizer", "adam", choices=OPTIMIZERS),
-        sync=(sync := f.str("sync", "allreduce", choices=SYNC_MODES)),
-        sync_options=_sync_options(f, sync),
-        zero=f.integer("zero", 0, minimum=min(ZERO_STAGES), maximum=max(ZERO_STAGES)),
+        sync=sync,
+        sync_options=sync_options,
+        zero=zero,
         inputs=inputs,
         tool=tool if isinstance(tool, dict) else {"name": str(tool)},
         predicted=_predicted(f),
@@ -458,6 +492,10 @@ def check_plan(plan: Plan, cluster: Cluster, profile: ModelProfile) -> None:
         for si, s in enumerate(p.stages):
             for di, address in enumerate(s.devices):
                 device = cluster.device(address, file=plan.file, field=f"pipelines[{pi}].stages[{si}].devices[{di}]")
+                if s.tensor_parallel > 1 and all(
+                    s.tensor_parallel in profile.tp_degrees(b, device.type) for b in range(s.start, min(s.end, n))
+                ):
+                    continue  # times at the stage's degree serve it (a profile may have no degree-1 times)
                 try:
                     profile.time_scale(device.type)
                 except HetplanError as exc:

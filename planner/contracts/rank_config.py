@@ -11,7 +11,9 @@ optimizer of :data:`hetplan.contracts.plan.OPTIMIZERS` (``adamw`` included, over
 ``weight_decay`` (AdamW only), ``clip_grad_norm`` (the maximum global gradient norm), ``lr_schedule``
 (``{warmup_steps, decay_steps, min_lr}``, :mod:`hetplan.contracts.lr_schedule`), ``data`` (a text
 file) or ``dataset`` with ``dataset_kwargs`` (a user's ``module:function``,
-:mod:`hetplan.runtime.dataset`).
+:mod:`hetplan.runtime.dataset`), ``zero`` (the plan's: 0, or 1 for ZeRO-1). A stage's
+``tensor_parallel`` and ``recompute`` are keys of its entry in ``pipelines``, read by the plan
+contract with the rest of the stage.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from hetplan.contracts.catalog import DTYPES
+from hetplan.contracts.cluster import Link
 from hetplan.contracts.fields import Fields
 from hetplan.contracts.lr_schedule import LrSchedule
-from hetplan.contracts.plan import OPTIMIZERS, Plan, parse_pipelines
+from hetplan.contracts.plan import OPTIMIZERS, ZERO_STAGES, Plan, parse_pipelines, parse_sync
 from hetplan.contracts.yamlio import read_mapping
 from hetplan.errors import HetplanError
 
@@ -43,6 +46,8 @@ class DeviceEntry:
     start: int
     end: int
     actions: str
+    #: emulation only: ``(step, slowdown)`` from which the device runs that much slower than its base
+    slowdown_changes: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -71,6 +76,16 @@ class RankConfig:
     lr_schedule: LrSchedule | None = None  # None: a constant ``lr``
     dataset: str | None = None  # a user's map-style dataset, ``module:function``
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    central_node: str | None = None  # wsp, sdpipe: the node whose agent starts the central process
+    #: emulation: the links (node pairs; one node twice for inside it) whose speed the ranks enforce
+    emulated_links: dict[frozenset[str], Link] = field(default_factory=dict)
+
+    def emulated_link(self, a: str, b: str) -> Link | None:
+        """The emulated link between devices (or ``central``'s node) ``a`` and ``b``, if any."""
+        node_of = {addr: e.node for addr, e in self.devices.items()}
+        if self.central_node is not None:
+            node_of["central"] = self.central_node
+        return self.emulated_links.get(frozenset((node_of[a], node_of[b])))
 
     def lr_by_step(self) -> LrSchedule:
         """The learning rate by step (a constant ``lr`` unless the config gives a schedule)."""
@@ -104,6 +119,9 @@ def load_rank_config(path: str | Path) -> RankConfig:
         raise t.error(f"weight_decay is AdamW's; this run's optimizer is {optimizer}", "weight_decay")
     clip_grad_norm = t.number("clip_grad_norm", None, positive=True)
     lr_schedule = _lr_schedule(t, lr)
+    zero = t.integer("zero", 0, minimum=min(ZERO_STAGES), maximum=max(ZERO_STAGES))
+    pipelines = parse_pipelines(f, global_batch)
+    sync, sync_options = parse_sync(t, pipelines, zero)
     dataset = t.str("dataset", None)
     dataset_kwargs = dict(t.mapping_items("dataset_kwargs", []))
     if dataset_kwargs and not dataset:
@@ -113,17 +131,38 @@ def load_rank_config(path: str | Path) -> RankConfig:
     t.done()
     plan = Plan(
         global_batch=global_batch,
-        pipelines=parse_pipelines(f, global_batch),
+        pipelines=pipelines,
         schedule=schedule,
         dtype=dtype,
         optimizer=optimizer,
+        sync=sync,
+        sync_options=sync_options,
+        zero=zero,
         file=str(path),
     )
-    f.integer("world_size", minimum=1)
+    world_size = f.integer("world_size", minimum=1)
     nodes: dict[str, list[str]] = {}
     for n in f.list("nodes"):
         nodes[n.str("name")] = list(n.list("devices"))
         n.done()
+    emulated_links: dict[frozenset[str], Link] = {}
+    for i, e in enumerate(f.list("emulated_links", [], non_empty=False)):
+        if not isinstance(e, Fields):
+            raise f.error("expected {nodes: [A, B], bandwidth, latency}", f"emulated_links[{i}]")
+        pair = e.list("nodes")
+        if len(pair) != 2 or any(n not in nodes for n in pair):
+            raise e.error(f"expected two node names of this rank config, got {pair!r}", "nodes")
+        emulated_links[frozenset(pair)] = Link(
+            bandwidth=e.number("bandwidth", positive=True), latency=e.number("latency", minimum=0.0), emulated=True
+        )
+        e.done()
+    central = f.child("central", None)
+    central_node = None
+    if central is not None:
+        central_node = central.str("node", choices=tuple(nodes))
+        central.done()
+    if (central_node is not None) != (sync in ("wsp", "sdpipe")):
+        raise f.error(f"sync {sync} {'needs' if central_node is None else 'has no'} central process", "central")
     devices: dict[str, DeviceEntry] = {}
     for d in f.list("devices"):
         blocks = d.list("blocks")
@@ -132,6 +171,7 @@ def load_rank_config(path: str | Path) -> RankConfig:
             node=d.str("node"),
             type=d.str("type"),
             emulated_slowdown=d.number("emulated_slowdown", minimum=1.0),
+            slowdown_changes=_slowdown_changes(d),
             pipeline=d.integer("pipeline", minimum=0),
             stage=d.integer("stage", minimum=0),
             start=int(blocks[0]),
@@ -144,6 +184,13 @@ def load_rank_config(path: str | Path) -> RankConfig:
     f.done()
     if not devices:
         raise HetplanError("no devices", file=str(path), field="devices")
+    if world_size != len(devices) + (central_node is not None):
+        raise HetplanError(
+            f"world_size {world_size}: expected {len(devices)} devices"
+            + (" and the central process" if central_node else ""),
+            file=str(path),
+            field="world_size",
+        )
     return RankConfig(
         model=model,
         n_blocks=n_blocks,
@@ -166,6 +213,8 @@ def load_rank_config(path: str | Path) -> RankConfig:
         lr_schedule=lr_schedule,
         dataset=dataset,
         dataset_kwargs=dataset_kwargs,
+        central_node=central_node,
+        emulated_links=emulated_links,
     )
 
 
@@ -179,3 +228,17 @@ def _lr_schedule(t: Fields, lr: float) -> LrSchedule | None:
     min_lr = s.number("min_lr", 0.0, minimum=0.0, maximum=lr)
     s.done()
     return LrSchedule(lr=lr, warmup_steps=warmup, decay_steps=decay, min_lr=min_lr)
+
+
+def _slowdown_changes(d: Fields) -> tuple[tuple[int, float], ...]:
+    """A device's ``slowdown_changes``: ``[[step, factor], ...]`` at increasing steps, factors >= 1."""
+    out: list[tuple[int, float]] = []
+    for i, pair in enumerate(d.list("slowdown_changes", [], non_empty=False)):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise d.error(f"expected [step, slowdown], got {pair!r}", f"slowdown_changes[{i}]")
+        step = d.check_integer(pair[0], f"slowdown_changes[{i}][0]", minimum=0)
+        factor = d.check_number(pair[1], f"slowdown_changes[{i}][1]", minimum=1.0)
+        if out and step <= out[-1][0]:
+            raise d.error(f"expected increasing steps, got {step} after {out[-1][0]}", f"slowdown_changes[{i}]")
+        out.append((step, factor))
+    return tuple(out)

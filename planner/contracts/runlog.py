@@ -9,6 +9,12 @@ every rank of a step) or null on ranks that do not compute it. ``emulated_slowdo
 when the rank emulated a slower device type. ``lr`` (the step's learning rate), ``grad_norm`` (the
 2-norm of the whole model's gradient before clipping, the same on every rank; null when it was not
 finite) and ``clipped`` (present when the run clips: whether this step did) follow the optimizer.
+
+Sync modes: under ``wsp`` and ``sdpipe`` the pipelines do not meet every step, so ``loss`` is the
+rank's *pipeline's* mean loss; ``wave`` (wsp, at a wave's end: ``clock``, the ``version`` of the
+weights pulled, ``waves_ahead`` of the slowest the next wave runs) and ``group`` (sdpipe: the
+pipelines this step averaged with) say how the pipelines met. ``emulated_link_s`` (emulation only) is
+what the rank slept this step to make emulated links as slow as the cluster states.
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ class StepRecord:
     lr: float | None = None  # the learning rate this step used (after warm-up and decay)
     grad_norm: float | None = None  # the whole model's gradient 2-norm before clipping
     clipped: bool | None = None  # runs that clip: whether the norm was above the maximum this step
+    wave: dict[str, int] | None = None  # wsp, at a wave's end: clock, version pulled, waves ahead
+    group: tuple[int, ...] | None = None  # sdpipe: the pipelines averaged with this step
+    emulated_link_s: float | None = None  # emulation: seconds slept to pace emulated links
 
     def to_json(self) -> str:
         data: dict[str, Any] = {"schema": RUNLOG_SCHEMA, **asdict(self)}
@@ -61,6 +70,22 @@ def _optional_bool(f: Fields, key: str) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise f.error(f"expected true or false, got {value!r}", key)
     return value
+
+
+def _wave(f: Fields) -> dict[str, int] | None:
+    w = f.child("wave", None)
+    if w is None:
+        return None
+    out = {k: w.integer(k, minimum=0) for k in ("clock", "version", "waves_ahead")}
+    w.done()
+    return out
+
+
+def _group(f: Fields) -> tuple[int, ...] | None:
+    g = f.list("group", None)
+    if g is None:
+        return None
+    return tuple(f.check_integer(p, f"group[{i}]", minimum=0) for i, p in enumerate(g))
 
 
 def parse_record(data: Any, *, file: str | None, line: int) -> StepRecord:
@@ -91,6 +116,9 @@ def parse_record(data: Any, *, file: str | None, line: int) -> StepRecord:
         lr=f.number("lr", None, minimum=0.0),
         grad_norm=f.number("grad_norm", None, minimum=0.0),
         clipped=_optional_bool(f, "clipped"),
+        wave=_wave(f),
+        group=_group(f),
+        emulated_link_s=f.number("emulated_link_s", None, minimum=0.0),
     )
     f.done()
     return record

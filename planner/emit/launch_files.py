@@ -71,7 +71,8 @@ def emit_launch(
         command = torchrun_command(
             nnodes=len(nodes),
             node_rank=node_rank,
-            nproc=len(node["devices"]),
+            # the central process of wsp/sdpipe runs under the first node's agent, after its devices
+            nproc=len(node["devices"]) + (1 if config.get("central", {}).get("node") == node["name"] else 0),
             endpoint=master,
             node=node["name"],
             config="rank-config.yaml",

@@ -8,7 +8,9 @@ rank compiles them into the same action lists the simulator timed, and checks th
 Everything a run needs beyond the plan travels in ``training`` (so the worker needs no flag of its
 own): the optimizer (the plan's, or an override such as ``adamw``), AdamW's weight decay, the
 maximum global gradient norm, the learning-rate schedule, and the data (a text file, or a user's
-dataset module with its keyword arguments). Keys left out mean today's behaviour.
+dataset module with its keyword arguments), and the plan's ``zero`` (1: ZeRO-1 sharded optimizer
+state). Each stage's ``tensor_parallel`` and ``recompute`` travel in ``pipelines`` (the plan
+contract's own stage format). Keys left out mean today's behaviour.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def build_rank_config(
                 "node": d.node,
                 "type": d.type.name,
                 "emulated_slowdown": d.type.slowdown if d.type.emulated else 1.0,
+                **({"slowdown_changes": [list(c) for c in d.type.slowdown_changes]} if d.type.slowdown_changes else {}),
                 "pipeline": program.pipeline,
                 "stage": program.stage,
                 "blocks": [program.start, program.end],
@@ -105,6 +108,8 @@ def build_rank_config(
             "backend": backend,
             "timeout_s": timeout_s,
             **({"data": data} if data else {}),
+            **({"zero": plan.zero} if plan.zero else {}),
+            **({"sync": plan.sync, "sync_options": dict(plan.sync_options)} if plan.sync != "allreduce" else {}),
             **_training_options(
                 name,
                 rate,
@@ -118,11 +123,26 @@ def build_rank_config(
             ),
         },
         "pipelines": [p.to_dict() for p in plan.pipelines],
-        "world_size": len(devices),
+        # wsp and sdpipe add one process, the central role (hetplan.runtime.central), on the first node
+        "world_size": len(devices) + (1 if plan.sync in ("wsp", "sdpipe") else 0),
+        **({"central": {"node": nodes[0]["name"]}} if plan.sync in ("wsp", "sdpipe") else {}),
         "nodes": nodes,
+        **_emulated_links(cluster, [n["name"] for n in nodes]),
         "devices": devices,
         "predicted": {"iteration_s": plan.predicted.get("iteration_s")} if plan.predicted else {},
     }
+
+
+def _emulated_links(cluster: Cluster, nodes: list[str]) -> dict[str, Any]:
+    """``emulated_links``: the links between (or inside) the used nodes that the cluster marks
+    ``emulate: true``, for the ranks to pace their transfers and collectives by (emulation)."""
+    out = []
+    for i, a in enumerate(nodes):
+        for b in nodes[i:]:
+            link = cluster.link(f"{a}/0", f"{b}/0")  # the link between the two nodes (or inside one)
+            if link.emulated:
+                out.append({"nodes": [a, b], "bandwidth": link.bandwidth, "latency": link.latency})
+    return {"emulated_links": out} if out else {}
 
 
 def _training_options(

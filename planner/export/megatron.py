@@ -46,6 +46,10 @@ ARGUMENTS: dict[str, bool] = {
     "--optimizer": True,
     "--sgd-momentum": True,
     "--lr": True,
+    "--recompute-granularity": True,
+    "--recompute-method": True,
+    "--recompute-num-layers": True,
+    "--use-distributed-optimizer": False,
 }
 
 _OPTIMIZER = {"adam": ["--optimizer", "adam"], "sgd": ["--optimizer", "sgd", "--sgd-momentum", "0"]}
@@ -131,7 +135,7 @@ def _arguments(u: Uniform, plan: Plan, profile: ModelProfile) -> list[str]:
         lines.append(f"--max-position-embeddings {config['seq']}")
     if profile.model.get("family") == "gpt":
         lines.append("--untie-embeddings-and-output-weights")  # the zoo's GPT has its own LM head matrix
-    lines += ["--tensor-model-parallel-size 1", f"--pipeline-model-parallel-size {u.stages}"]
+    lines += [f"--tensor-model-parallel-size {u.tensor_parallel}", f"--pipeline-model-parallel-size {u.stages}"]
     if u.settings["first"] is not None:
         lines.append(f"--decoder-first-pipeline-num-layers {u.settings['first']}")
         if u.stages > 2:  # with two stages the last takes the rest (and Megatron has no middle to split)
@@ -143,6 +147,12 @@ def _arguments(u: Uniform, plan: Plan, profile: ModelProfile) -> list[str]:
     optimizer = _OPTIMIZER[u.optimizer]
     lines += [f"{optimizer[i]} {optimizer[i + 1]}" for i in range(0, len(optimizer), 2)]
     lines.append(f"--lr {DEFAULT_LR[u.optimizer]}")
+    if u.recompute == "full":  # every layer's input kept, the layer run again in backward
+        lines += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    elif u.recompute == "selective":
+        lines.append("--recompute-granularity selective")
+    if u.zero:
+        lines.append("--use-distributed-optimizer")  # optimizer state sharded over data parallel ranks
     return lines
 
 
@@ -150,8 +160,8 @@ def _render(u: Uniform, plan: Plan, profile: ModelProfile, cluster: Cluster) -> 
     script = "pretrain_bert.py" if profile.model.get("family") == "bert" else "pretrain_gpt.py"
     command = f'"${{MEGATRON:-.}}/{script}" $(grep -v "^#" megatron-args.txt)'
     header = (
-        f"# Written by hetplan export megatron: rank r runs pipeline stage r // {u.replicas} (Megatron's\n"
-        "# default order tp-cp-ep-dp-pp); ranks are numbered node by node, in this file's order.\n"
+        f"# Written by hetplan export megatron: rank r runs pipeline stage r // {u.replicas * u.tensor_parallel}\n"
+        "# (Megatron's default order tp-cp-ep-dp-pp); ranks are numbered node by node, in this file's order.\n"
         "# Add your data and tokenizer arguments to megatron-args.txt; MEGATRON is the Megatron-LM checkout.\n"
     )
     text = "\n".join(_arguments(u, plan, profile)) + "\n"
@@ -184,4 +194,5 @@ RUNTIME = Runtime(
     choose_cuts=_choose_cuts,
     render=_render,
     notes=_notes,
+    tensor_parallel=True,
 )

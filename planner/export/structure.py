@@ -65,6 +65,10 @@ class Runtime:
     #: Whether its launcher can order a node's devices at will (torchrun: CUDA_VISIBLE_DEVICES lists
     #: them in any order); if not, they go by index.
     orders_devices: bool = True
+    #: Whether its files can say a tensor-parallel degree (one for the whole model), recomputation
+    #: and ZeRO-1 (Megatron-LM: --tensor-model-parallel-size, --recompute-granularity,
+    #: --use-distributed-optimizer).
+    tensor_parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,9 +88,18 @@ class Uniform:
     dtype: str | None
     settings: dict[str, Any]
     dropped: tuple[str, ...]
+    tensor_parallel: int = 1  # devices per stage replica; ranks hold each group's devices together
+    recompute: str = "none"
+    zero: int = 0
 
     def device(self, stage: int, replica: int) -> str:
-        return self.ranks[stage * self.replicas + replica]
+        """The first device of the stage's replica (its TP group's rank 0)."""
+        return self.ranks[(stage * self.replicas + replica) * self.tensor_parallel]
+
+    def group(self, stage: int, replica: int) -> tuple[str, ...]:
+        t = self.tensor_parallel
+        first = (stage * self.replicas + replica) * t
+        return tuple(self.ranks[first : first + t])
 
     def nodes(self) -> list[tuple[str, list[int]]]:
         """``(node, device indices)`` in rank order: how the launchers must number the ranks."""
@@ -106,7 +119,15 @@ class Uniform:
                 batch=b,
                 micro_batches=(self.micro_batch,) * self.micro_batches,
                 stages=tuple(
-                    Stage(self.cuts[s], self.cuts[s + 1], (self.device(s, d),), (1.0,)) for s in range(self.stages)
+                    Stage(
+                        self.cuts[s],
+                        self.cuts[s + 1],
+                        self.group(s, d),
+                        (1.0,),
+                        tensor_parallel=self.tensor_parallel,
+                        recompute=self.recompute,
+                    )
+                    for s in range(self.stages)
                 ),
             )
             for d in range(self.replicas)
@@ -118,6 +139,7 @@ class Uniform:
             dtype=self.dtype,
             optimizer=self.optimizer,
             sync=original.sync,
+            zero=self.zero,
             inputs=original.inputs,
         )
 
@@ -196,8 +218,11 @@ def _structure(plan: Plan, profile: ModelProfile, cluster: Cluster, runtime: Run
     title = runtime.title
     dropped: list[str] = []
     n = len(profile.blocks)
-    used = plan.all_devices()
     g = plan.global_batch
+    tp, recompute, zero = _parallel_settings(plan, runtime, dropped)
+    # with TP, each group is one unit (its first device stands for it) and keeps its devices together
+    group_of = {r[0]: r for p in plan.pipelines for s in p.stages for r in s.replicas} if tp > 1 else {}
+    used = list(group_of) if tp > 1 else plan.all_devices()
 
     others = sorted({len(p.stages) for p in plan.pipelines} - {stages})
     if others:
@@ -227,6 +252,7 @@ def _structure(plan: Plan, profile: ModelProfile, cluster: Cluster, runtime: Run
             f"replicas use {stages * replicas} of the plan's {len(used)} devices{why}"
         )
     ranks = _rank_order(plan, cluster, set(used) - set(idle), orders_devices=runtime.orders_devices)
+    devices = [d for rep in ranks for d in group_of.get(rep, (rep,))]
 
     reference = _reference_cut(plan, stages, n)
     cuts = runtime.choose_cuts(profile, stages, reference)
@@ -296,10 +322,44 @@ def _structure(plan: Plan, profile: ModelProfile, cluster: Cluster, runtime: Run
         micro_batch=micro,
         micro_batches=count,
         cuts=cuts.bounds,
-        ranks=tuple(ranks),
+        ranks=tuple(devices),
         schedule=schedule,
         optimizer=optimizer,
         dtype=plan.dtype,
         settings=dict(cuts.settings),
         dropped=tuple(dropped),
+        tensor_parallel=tp,
+        recompute=recompute,
+        zero=zero,
     )
+
+
+def _parallel_settings(plan: Plan, runtime: Runtime, dropped: list[str]) -> tuple[int, str, int]:
+    """The runtime's one TP degree, recomputation and ZeRO setting for the plan's per-stage ones:
+    the plan's own where uniform (and the runtime can say them), else the most used (by devices)."""
+    stages = [s for p in plan.pipelines for s in p.stages]
+    by_degree: Counter[int] = Counter()
+    by_recompute: Counter[str] = Counter()
+    for s in stages:
+        by_degree[s.tensor_parallel] += len(s.devices)
+        by_recompute[s.recompute] += len(s.devices)
+    title = runtime.title
+    if not runtime.tensor_parallel:
+        if set(by_degree) != {1}:
+            dropped.append(f"tensor parallelism (TP {'/'.join(map(str, sorted(by_degree)))}): {title} runs TP 1 here")
+        if set(by_recompute) != {"none"}:
+            dropped.append(f"recomputation ({'/'.join(sorted(by_recompute))}): {title} recomputes nothing here")
+        if plan.zero:
+            dropped.append(f"ZeRO-1: {title} keeps the whole optimizer state on every replica here")
+        return 1, "none", 0
+    # one degree for the whole model where the plan has one; TP groups of mixed sizes cannot be
+    # regrouped into the runtime's one grid, so mixed degrees export at TP 1
+    tp = next(iter(by_degree)) if len(by_degree) == 1 else 1
+    recompute = max(by_recompute, key=lambda r: (by_recompute[r], r))
+    if len(by_degree) > 1:
+        described = ", ".join(f"TP {t} on {k} devices" for t, k in sorted(by_degree.items()))
+        dropped.append(f"tensor-parallel degree per stage ({described}): every {title} stage runs TP {tp}")
+    if len(by_recompute) > 1:
+        described = ", ".join(f"{r} on {k} devices" for r, k in sorted(by_recompute.items()))
+        dropped.append(f"recomputation per stage ({described}): every {title} stage recomputes {recompute}")
+    return tp, recompute, plan.zero

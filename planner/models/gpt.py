@@ -27,10 +27,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from hetplan.models.base import ZooModel, _check_batch_size, derive_seed, uninitialised
 
-__all__ = ["SUCCESSORS", "Attention", "Embedding", "GptModel", "Head", "Mlp"]
+__all__ = ["SUCCESSORS", "Attention", "Embedding", "GptModel", "Head", "Mlp", "attention_core"]
 
 #: Possible next tokens of each token in the teacher chain.
 SUCCESSORS = 4
@@ -72,8 +73,17 @@ class Attention(nn.Module):
         _init_linear(self.proj, INIT_STD / math.sqrt(2 * layers))
         self.register_buffer("mask", torch.ones(seq, seq, dtype=torch.bool).triu(1), persistent=False)
 
+        #: selective recomputation: keep only q, k, v and recompute the core in backward
+        self.recompute_core = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
+        if self.recompute_core:
+            q, k, v = self.qkv(self.norm(x)).split(h, dim=-1)
+            return x + self.proj(attention_core(q, k, v, self.heads, self.mask[:t, :t], recompute=True))
+        # written inline (not through attention_core) so the scores stay alive to the end of the
+        # forward as they always have: the measured peaks the memory walk is checked against
+        # (tests/runtime/test_memory_measured.py) include them
         a = self.heads
         q, k, v = self.qkv(self.norm(x)).split(h, dim=-1)
         q = q.reshape(b, t, a, h // a).transpose(1, 2)
@@ -83,6 +93,33 @@ class Attention(nn.Module):
         scores = scores.masked_fill(self.mask[:t, :t], float("-inf"))
         y = scores.softmax(dim=-1) @ v
         return x + self.proj(y.transpose(1, 2).reshape(b, t, h))
+
+
+def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, mask: torch.Tensor) -> torch.Tensor:
+    b, t, h = q.shape
+    d = h // heads
+    q = q.reshape(b, t, heads, d).transpose(1, 2)
+    k = k.reshape(b, t, heads, d).transpose(1, 2)
+    v = v.reshape(b, t, heads, d).transpose(1, 2)
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+    scores = scores.masked_fill(mask, float("-inf"))
+    y = scores.softmax(dim=-1) @ v
+    return y.transpose(1, 2).reshape(b, t, h)
+
+
+def attention_core(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, mask: torch.Tensor, *, recompute: bool = False
+) -> torch.Tensor:
+    """Causal softmax attention of ``heads`` heads over ``[B, t, heads * d]`` inputs, written out.
+
+    With ``recompute`` (selective recomputation, Megatron's): the scores, the softmax and their
+    product with ``v`` are not kept for backward but recomputed from ``q, k, v`` there
+    (``torch.utils.checkpoint``, non-reentrant, which replays the RNG state of a dropout too);
+    they are the s²-sized activations, the largest per FLOP.
+    """
+    if recompute and torch.is_grad_enabled():
+        return checkpoint(_core, q, k, v, heads, mask, use_reentrant=False)
+    return _core(q, k, v, heads, mask)
 
 
 class Mlp(nn.Module):

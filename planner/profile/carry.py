@@ -128,18 +128,30 @@ def carry_times(
     source = catalog.get(source_name)
     works_by_block = block_works(profile)
     blocks: list[Block] = []
+
+    def carry(by_size: dict[int, Timing], works: tuple[Work, ...], target: DeviceType) -> dict[int, Timing]:
+        carried = {}
+        for m, t in by_size.items():
+            fwd = scale_block_time(t.fwd, works, m, source, target, profile.dtype)
+            bwd = scale_block_time(t.bwd, works, m, source, target, profile.dtype, backward=True)
+            # selective recomputation's share of the forward is kept (the same kernels, on the target)
+            recompute = t.recompute * fwd / t.fwd if t.recompute is not None and t.fwd > 0 else t.recompute
+            carried[m] = Timing(fwd=fwd, bwd=bwd, source="estimated", recompute=recompute)
+        return carried
+
     for block, works in zip(profile.blocks, works_by_block, strict=True):
         times = dict(block.times)
+        shards = dict(block.tensor_parallel)
         for target in targets:
-            if target.name in times:
-                continue
-            carried = {}
-            for m, t in block.times[source_name].items():
-                fwd = scale_block_time(t.fwd, works, m, source, target, profile.dtype)
-                bwd = scale_block_time(t.bwd, works, m, source, target, profile.dtype, backward=True)
-                carried[m] = Timing(fwd=fwd, bwd=bwd, source="estimated")
-            times[target.name] = carried
-        blocks.append(replace(block, times=times))
+            if target.name not in times:
+                times[target.name] = carry(block.times[source_name], works, target)
+            # a degree's times carried by the whole block's ratio of kinds of work (an approximation:
+            # its GEMMs are smaller, docs/estimates.md)
+            for t, shard in shards.items():
+                if source_name in shard.times and target.name not in shard.times:
+                    new_times = {**shard.times, target.name: carry(shard.times[source_name], works, target)}
+                    shards[t] = replace(shards[t], times=new_times)
+        blocks.append(replace(block, times=times, tensor_parallel=shards))
     source_note = dict(profile.source)
     source_note["carried"] = {
         "from": source_name,

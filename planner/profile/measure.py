@@ -47,9 +47,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from hetplan.contracts.catalog import DTYPES, Catalog, DeviceType, load_catalog
-from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.model_profile import Block, ModelProfile, TensorParallel, Timing
 from hetplan.errors import HetplanError
 from hetplan.models import ZooModel, resolve_model
+from hetplan.models.gpt_tp import TpGroup, shard_block
 from hetplan.profile.carry import carry_times
 
 __all__ = ["cuda_device_type", "measure_profile", "saved_bytes", "saved_storages", "storage_key"]
@@ -396,6 +397,7 @@ def measure_profile(
     progress: Progress | None = None,
     device_type_name: str | None = None,
     threads: int | None = None,
+    tensor_parallel: Sequence[int] = (1,),
 ) -> ModelProfile:
     """Measure ``model`` (a profile's ``model`` section) block by block on ``device``.
 
@@ -415,6 +417,9 @@ def measure_profile(
         threads: torch's intra-op threads while measuring (restored afterwards); default: torch's
             own choice. On a shared CPU, 1 avoids the stalls of threads waiting for a descheduled
             sibling, which can make a median 100x too slow (docs/profiling.md).
+        tensor_parallel: degrees to measure (1 always is); for each ``t >= 2`` every block gets
+            ``tensor_parallel[t]``: one member's parameters, saved bytes, all-reduce bytes and compute
+            times (see :func:`_measure_degree`).
 
     Returns:
         A :class:`ModelProfile` with times under the device type name, ``source: measured``.
@@ -440,9 +445,10 @@ def measure_profile(
             f"times measured as {type_name!r} cannot be carried to other types: it is not in the catalog",
             field="--device-type",
         )
+    degrees = _check_degrees(tensor_parallel)
     zoo = resolve_model(model)
     with _Threads(threads):
-        profile = _measure(zoo, sizes, dev, dtype, torch_dtype, type_name, warmup, repeat, seed, progress)
+        profile = _measure(zoo, sizes, dev, dtype, torch_dtype, type_name, warmup, repeat, seed, progress, degrees)
     if estimate_for:
         profile = carry_times(profile, type_name, list(estimate_for), catalog=catalog)
     return profile
@@ -472,6 +478,7 @@ def _measure(
     repeat: int,
     seed: int,
     progress: Progress | None,
+    degrees: tuple[int, ...] = (1,),
 ) -> ModelProfile:
     names, kinds = zoo.block_names(), zoo.block_kinds()
     n = zoo.n_blocks
@@ -527,11 +534,21 @@ def _measure(
                     fwd[i, m].append(f)
                     bwd[i, m].append(b)
                     tick()
+        selective = [_selective_bytes(block, inputs[sizes[-1]][i], sizes[-1]) for i, block in enumerate(blocks)]
+        per_degree = {
+            t: _measure_degree(
+                zoo, t, blocks, inputs, finishes, sizes, dev, torch_dtype, type_name, warmup, repeat, seed
+            )
+            for t in degrees
+            if t > 1
+        }
     del inputs
     out_blocks = []
     for i, block in enumerate(blocks):
         params = list(block.parameters())
         flops, kept, out_bytes = stats[i]
+        by_degree = {t: found[i] for t, found in per_degree.items()}
+        times = {m: _timing(fwd[i, m], bwd[i, m]) for m in sizes}
         out_blocks.append(
             Block(
                 name=names[i],
@@ -541,7 +558,13 @@ def _measure(
                 activation_bytes=kept,
                 output_bytes=out_bytes,
                 flops_fwd=flops,
-                times={type_name: {m: _timing(fwd[i, m], bwd[i, m]) for m in sizes}},
+                times={type_name: times},
+                selective_bytes=selective[i],
+                # a replicated block's times at degree t are its own (times {} from _measure_degree)
+                tensor_parallel={
+                    t: TensorParallel(**{**data, "times": data["times"] or {type_name: dict(times)}})
+                    for t, data in by_degree.items()
+                },
             )
         )
     element = torch.empty((), dtype=torch_dtype if zoo.input_dtype().is_floating_point else zoo.input_dtype())
@@ -563,6 +586,12 @@ def _measure(
         "last_block": "forward and backward include the loss",
         "clock": clock.note,
     }
+    if per_degree:
+        source["tensor_parallel"] = (
+            "per degree t: one member's shard (hetplan.models.gpt_tp) timed alone with its all-reduces left "
+            "out (compute only, per device); allreduce_bytes = the block output's bytes; blocks without a "
+            "tensor-parallel form are replicated (their degree-1 figures, no all-reduce)"
+        )
     if dev.type == "cuda":
         source["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(dev))
         source["math"] = math_mode.note
@@ -573,3 +602,113 @@ def _measure(
         input_bytes=float(math.prod(zoo.sample_shape()) * element.element_size()),
         source=source,
     )
+
+
+# --------------------------------------------------------------------------- tensor parallelism
+def _check_degrees(degrees: Sequence[int]) -> tuple[int, ...]:
+    out = sorted(set(degrees) | {1})
+    for t in out:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise HetplanError(f"expected positive tensor-parallel degrees, got {t!r}", field="--tensor-parallel")
+    return tuple(out)
+
+
+def _selective_bytes(block: nn.Module, x: torch.Tensor, m: int) -> float:
+    """Per sample: the bytes selective recomputation stops keeping (the attention core's; 0 for a
+    block without one), as saved-tensor bytes with and without it."""
+    cores = [mod for mod in block.modules() if hasattr(mod, "recompute_core")]
+    if not cores:
+        return 0.0
+
+    def kept() -> float:
+        seen, _ = saved_storages(lambda: block(_as_input(x)))
+        skip = {storage_key(t) for t in _block_state(block)}
+        return float(sum(n for key, n in seen.items() if key not in skip))
+
+    plain = kept()
+    for mod in cores:
+        mod.recompute_core = True
+    try:
+        dropped = plain - kept()
+    finally:
+        for mod in cores:
+            mod.recompute_core = False
+    return max(dropped, 0.0) / m
+
+
+def _measure_degree(
+    zoo: ZooModel,
+    t: int,
+    blocks: list[nn.Module],
+    inputs: dict[int, list[torch.Tensor]],
+    finishes: dict[int, Callable[[torch.Tensor], torch.Tensor]],
+    sizes: tuple[int, ...],
+    dev: torch.device,
+    torch_dtype: torch.dtype,
+    type_name: str,
+    warmup: int,
+    repeat: int,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """Every block at tensor-parallel degree ``t``: the ``TensorParallel`` fields, per block.
+
+    A block with a tensor-parallel form (:func:`hetplan.models.gpt_tp.shard_block`) is cut as the
+    runtime cuts it and member 0's shard (every member's has the same shapes) is run alone, its
+    all-reduces left out: the contract's times are compute only, per device, and the all-reduce is
+    priced on the group's link by the cost model from ``allreduce_bytes`` (the block's output, once
+    in forward and once in backward). Timing the shard alone, not ``t`` ranks at once, also keeps ``t``
+    processes sharing this machine's cores from timing each other. A block without one (embedding,
+    head, other families) is replicated in the group: its degree-1 figures, no all-reduce (times
+    ``{}``, which the caller fills with the degree-1 times).
+    """
+    n = len(blocks)
+    out: list[dict[str, Any]] = []
+    group = TpGroup(None, t, 0, communicate=False)
+    mixed = torch_dtype in (torch.float16, torch.bfloat16)
+    clock = _Clock(dev)
+    for i, block in enumerate(blocks):
+        inner = block.block if isinstance(block, _CarryDtype) else block
+        params = list(inner.parameters())
+        full_params = sum(p.numel() for p in params)
+        full = zoo.build_block(i, seed)
+        shard = shard_block(full, group)
+        if shard is full:
+            m = sizes[-1]
+            _, kept, _ = _stats(block, inputs[m][i], finishes[m] if i == n - 1 else None, m)
+            out.append(
+                {
+                    "params": full_params,
+                    "param_bytes": float(sum(p.numel() * p.element_size() for p in params)),
+                    "activation_bytes": kept,
+                    "allreduce_bytes": 0.0,
+                    "times": {},
+                    "selective_bytes": _selective_bytes(block, inputs[m][i], m),
+                }
+            )
+            continue
+        shard = shard.to(device=dev, dtype=torch_dtype)
+        run: nn.Module = _CarryDtype(shard, torch_dtype) if mixed else shard
+        finish = finishes[sizes[-1]] if i == n - 1 else None
+        m = sizes[-1]
+        _, kept, out_bytes = _stats(run, inputs[m][i], finish, m)
+        fwd: dict[int, list[float]] = {s: [] for s in sizes}
+        bwd: dict[int, list[float]] = {s: [] for s in sizes}
+        for s in sizes:
+            for _ in range(max(warmup, 1)):
+                _run_once(run, inputs[s][i], finishes[s] if i == n - 1 else None, clock)
+        for _ in range(repeat):
+            for s in sizes:
+                f, b, _ = _run_once(run, inputs[s][i], finishes[s] if i == n - 1 else None, clock)
+                fwd[s].append(f)
+                bwd[s].append(b)
+        out.append(
+            {
+                "params": sum(p.numel() for p in shard.parameters()),
+                "param_bytes": float(sum(p.numel() * p.element_size() for p in shard.parameters())),
+                "activation_bytes": kept,
+                "allreduce_bytes": out_bytes,
+                "times": {type_name: {s: _timing(fwd[s], bwd[s]) for s in sizes}},
+                "selective_bytes": _selective_bytes(run, inputs[m][i], m),
+            }
+        )
+    return out

@@ -64,8 +64,13 @@ def measure_request(
     estimate_for: Sequence[str],
     device_type: str | None,
     progress: Callable[[int, int], None] | None = None,
+    tensor_parallel: Sequence[int] = (1,),
 ) -> ModelProfile:
-    """Measure ``model`` here (torch), carried to the catalog types ``estimate_for`` names."""
+    """Measure ``model`` here (torch), carried to the catalog types ``estimate_for`` names.
+
+    ``tensor_parallel``: the degrees to measure each block at (e.g. ``(1, 2, 4)``; 1 always is),
+    written as each block's ``tensor_parallel: {t: {...}}`` (:func:`hetplan.profile.measure.measure_profile`).
+    """
     try:
         from hetplan.profile.measure import measure_profile
     except ImportError:
@@ -85,6 +90,7 @@ def measure_request(
         estimate_for=targets,
         device_type_name=device_type,
         progress=progress,
+        tensor_parallel=tuple(tensor_parallel),
     )
 
 

@@ -28,6 +28,14 @@ our own. A rank that holds no first copy still takes part (with nothing to write
 runs on the process group the caller passes: gloo's default group on CPU; with NCCL a gloo group,
 so that it moves no CUDA tensors.
 
+**Full blocks under tensor parallelism and ZeRO-1.** A tensor-parallel block's writer gathers its
+shards from its TP group before writing (every member of the writer's group takes part in one
+all-gather per sharded tensor), and a ZeRO-1 group's holders gather its optimizer state and masters
+(:meth:`~hetplan.runtime.zero.Zero1Group.state_dict`): the checkpoint holds every block whole, as a
+one-process run would, so a plan of any degree or sharding loads it, each member cutting its shard
+(:class:`~hetplan.models.gpt_tp.ShardSpec`). Gathering on save, rather than a file per shard,
+keeps one layout whatever saved it: the loader never needs the saving plan's degrees.
+
 **Publishing.** Everything is written into ``step-N.tmp/``; once ``dcp.save`` has returned (every
 rank's files are written and fsynced, the index too), rank 0 hashes the files, writes
 ``manifest.json`` (write, fsync, rename), renames the folder to ``step-N`` and rewrites ``latest``
@@ -56,7 +64,7 @@ import pickle
 import re
 import shutil
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +79,9 @@ from torch.futures import Future
 from hetplan import __version__
 from hetplan.contracts.fields import Fields
 from hetplan.errors import HetplanError
+from hetplan.models.gpt_tp import ShardSpec, shard_specs
 from hetplan.runtime.precision import Precision
+from hetplan.runtime.zero import Zero1Group
 
 __all__ = [
     "CHECKPOINT_SCHEMA",
@@ -103,21 +113,55 @@ def step_folder(step: int) -> str:
 # -- the state of some blocks, as flat {key: tensor} ------------------------------------------------
 
 
-def checkpoint_state(blocks: dict[int, nn.Module], precision: Precision, names: list[str]) -> dict[str, torch.Tensor]:
-    """The tensors of ``blocks`` (index -> module) keyed by block name: what one rank saves."""
+def _sharded(block: nn.Module, pname: str, like: torch.Tensor) -> ShardSpec | None:
+    """The cut of parameter ``pname`` of a tensor-parallel block, for a tensor of its shape."""
+    spec = shard_specs(block).get(pname)
+    if spec is None or tuple(like.shape) != tuple(block.get_parameter(pname).shape):
+        return None
+    return spec
+
+
+def checkpoint_state(
+    blocks: dict[int, nn.Module],
+    precision: Precision,
+    names: list[str],
+    zero: Mapping[int, tuple[torch.Tensor | None, Mapping[str, Any]]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """The tensors of ``blocks`` (index -> module) keyed by block name: what one rank saves.
+
+    A tensor-parallel block's shards (weights, masters, optimizer state) are gathered whole from its
+    group (:mod:`hetplan.models.gpt_tp`): every member of the group calls this with the same blocks,
+    in the same order, and gets the full tensors, so a checkpoint holds full blocks whatever degree
+    saved it and any degree can load it.
+    ``zero`` gives, by ``id(parameter)``, the full fp32 master (None under fp32) and optimizer state of
+    the parameters a ZeRO-1 group steps (:meth:`hetplan.runtime.zero.Zero1Group.state_dict`, gathered
+    by the caller): they are saved as a replicated optimizer's, so any sharding can load them.
+    """
     state: dict[str, torch.Tensor] = {}
+
+    def whole(block: nn.Module, pname: str, value: torch.Tensor) -> torch.Tensor:
+        spec = _sharded(block, pname, value)
+        return value.detach() if spec is None else spec.join(block.group.gather(value.detach()))
+
     for index, block in blocks.items():
         name = names[index]
+        params = dict(block.named_parameters())
         for key, value in block.state_dict().items():
-            state[f"{name}/param/{key}"] = value.detach()
+            state[f"{name}/param/{key}"] = whole(block, key, value) if key in params else value.detach()
         for pname, p in block.named_parameters():
-            master = precision.master_of(p)
-            if master is not p:
-                state[f"{name}/master/{pname}"] = master.detach()
-            for skey, value in precision.optimizer.state.get(master, {}).items():
+            if zero is not None and id(p) in zero:
+                master, optim = zero[id(p)]
+                if master is not None:
+                    state[f"{name}/master/{pname}"] = whole(block, pname, master)
+            else:
+                master = precision.master_of(p)
+                if master is not p:
+                    state[f"{name}/master/{pname}"] = whole(block, pname, master)
+                optim = precision.optimizer.state.get(master, {})
+            for skey, value in optim.items():
                 key = f"{name}/optim/{pname}/{skey}"
                 if torch.is_tensor(value):
-                    state[key] = value.detach()
+                    state[key] = whole(block, pname, value)
                 elif isinstance(value, (bool, int, float)):
                     state[key + _ITEM] = torch.tensor(value)
                 elif value is not None:
@@ -514,12 +558,15 @@ def load_checkpoint(
     names: list[str],
     step: int | None = None,
     model: Any = None,
+    zero: Sequence[Zero1Group] = (),
 ) -> Manifest:
     """Load the held ``blocks`` (and their optimizer state, masters, the loss scale) from a checkpoint.
 
     ``root`` is a checkpoint folder (``latest`` is loaded unless ``step`` names one) or one
     ``step-N`` folder. ``model``, when given, must equal the model the checkpoint was saved for.
-    Returns the manifest: ``.step`` is the step to continue from.
+    A tensor-parallel block cuts its shard from the full saved tensors (any degree saved them); the
+    ZeRO-1 groups in ``zero`` (parameters named ``<block>/<parameter>``) keep their shard of the
+    saved optimizer state and masters. Returns the manifest: ``.step`` is the step to continue from.
     """
     manifest = read_manifest(resolve_checkpoint(root, step))
     if model is not None and manifest.model != model:
@@ -544,9 +591,11 @@ def load_checkpoint(
                 raise HetplanError(
                     "missing from the checkpoint index", file=str(manifest.folder / DCP_INDEX), field=full
                 )
-            if tuple(md.size) != tuple(tensor.shape):
+            spec = _sharded(block, key, tensor) if key in dict(block.named_parameters()) else None
+            shape = spec.full_shape(tuple(tensor.shape), block.group.size) if spec else tuple(tensor.shape)
+            if tuple(md.size) != shape:
                 raise HetplanError(
-                    f"saved with shape {list(md.size)}, this model's is {list(tensor.shape)}",
+                    f"saved with shape {list(md.size)}, this model's is {list(shape)}",
                     file=str(manifest.folder / DCP_INDEX),
                     field=full,
                 )
@@ -554,19 +603,68 @@ def load_checkpoint(
     loaded = _load_keys(manifest, metadata, keys)
     for index, block in blocks.items():
         _restore_block(block, names[index], loaded, precision)
+    if zero:
+        by_name = {f"{names[i]}/{pname}": (b, pname) for i, b in blocks.items() for pname, _ in b.named_parameters()}
+        for group in zero:
+            optim: dict[str, dict[str, Any]] = {}
+            masters: dict[str, torch.Tensor] = {}
+            for full_name in group.names:
+                block, pname = by_name[full_name]
+                entry = _saved_param_state(block, full_name.split("/", 1)[0], pname, loaded)
+                optim[full_name] = entry[1]
+                if entry[0] is not None:
+                    masters[full_name] = entry[0]
+            group.load_state_dict(optim, masters if len(masters) == len(group.names) else None)
     if precision.scaler.enabled and manifest.loss_scale and manifest.dtype == "fp16":
         precision.scaler.scale, precision.scaler.good_steps = manifest.loss_scale
     return manifest
 
 
+def _mine(block: nn.Module, pname: str, full: torch.Tensor) -> torch.Tensor:
+    """A member's shard of a full saved tensor of parameter ``pname`` (the tensor itself when the
+    block is not tensor-parallel, the parameter replicated, or the tensor not of its shape)."""
+    spec = shard_specs(block).get(pname)
+    if spec is None or full.dim() == 0:
+        return full
+    if tuple(full.shape) != spec.full_shape(tuple(block.get_parameter(pname).shape), block.group.size):
+        return full
+    return spec.cut(full, block.group.size, block.group.rank)
+
+
+def _saved_param_state(
+    block: nn.Module, name: str, pname: str, loaded: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor | None, dict[str, Any]]:
+    """The saved fp32 master (or None) and optimizer state of one parameter, cut to this member."""
+    master = loaded.get(f"{name}/master/{pname}")
+    prefix = f"{name}/optim/{pname}/"
+    state: dict[str, Any] = {}
+    for key, value in loaded.items():
+        if key.startswith(prefix):
+            skey = key[len(prefix) :]
+            if skey.endswith(_ITEM):
+                state[skey[: -len(_ITEM)]] = value.item()
+            else:
+                state[skey] = _mine(block, pname, value)
+    return (_mine(block, pname, master) if master is not None else None), state
+
+
 def _restore_block(block: nn.Module, name: str, loaded: dict[str, torch.Tensor], precision: Precision) -> None:
-    block.load_state_dict({key: loaded[f"{name}/param/{key}"] for key in block.state_dict()})
+    """Load one block's tensors; a tensor-parallel member cuts its shard from the full saved ones.
+    The master and optimizer state of a parameter a ZeRO-1 group steps are that group's to load."""
+
+    def mine(pname: str, full: torch.Tensor) -> torch.Tensor:
+        return _mine(block, pname, full)
+
+    block.load_state_dict({key: mine(key, loaded[f"{name}/param/{key}"]) for key in block.state_dict()})
     for pname, p in block.named_parameters():
+        if not precision.holds(p):
+            continue
         master = precision.master_of(p)
         saved = loaded.get(f"{name}/master/{pname}")
+        saved = mine(pname, saved) if saved is not None else None
         with torch.no_grad():
             if master is not p:  # fp16/bf16: the fp32 copy, saved or (from an fp32 run) the saved weights
-                master.copy_(saved if saved is not None else loaded[f"{name}/param/{pname}"])
+                master.copy_(saved if saved is not None else mine(pname, loaded[f"{name}/param/{pname}"]))
                 p.copy_(master)
             elif saved is not None:  # an fp16/bf16 checkpoint resumed in fp32: the precise copy
                 p.copy_(saved)
@@ -579,7 +677,7 @@ def _restore_block(block: nn.Module, name: str, loaded: dict[str, torch.Tensor],
             if skey.endswith(_ITEM):
                 state[skey[: -len(_ITEM)]] = value.item()
             else:  # scalars (Adam's step) stay on the CPU, as the optimizer keeps them
-                state[skey] = value.to(master.device) if value.dim() > 0 else value
+                state[skey] = mine(pname, value).to(master.device) if value.dim() > 0 else value
         if state:
             precision.optimizer.state[master] = state
 

@@ -26,6 +26,14 @@ once), which gives every rank the norm of the whole model's gradient for global-
 no collective of its own. The learning rate is the schedule's for the step's number, so a resumed
 run continues the schedule. Ranks that need data (first and last stages) read only their samples
 of the step (:mod:`hetplan.runtime.data`); the others read nothing.
+
+Tensor-parallel stages (:mod:`hetplan.runtime.tensor_parallel`, :mod:`hetplan.models.gpt_tp`): every
+member runs its replica's action list on its shard of the blocks, the boundary tensors whole; its
+gradient groups are per shard, and the norm counts a replicated parameter of a TP block once (shard
+0's group). A stage's ``recompute`` decides what its blocks keep for backward
+(:mod:`hetplan.runtime.recompute`). With the plan's ``zero: 1`` every shared gradient group is a
+:class:`~hetplan.runtime.zero.Zero1Group`: its all-reduce becomes the group's reduce, its step the
+holder's shard step and an all-gather of the weights.
 """
 
 from __future__ import annotations
@@ -38,12 +46,24 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetplan.contracts.emulation import SlowdownSchedule
 from hetplan.contracts.rank_config import RankConfig
+from hetplan.errors import HetplanError
 from hetplan.models import resolve_model
+from hetplan.models.gpt_tp import shard_block, shard_specs
+from hetplan.runtime.central import DECENTRALISED, gradient_process_groups, mode_groups
 from hetplan.runtime.comm import tag_of, wait
 from hetplan.runtime.data import micro_offsets, open_samples, pipeline_offsets
+from hetplan.runtime.group_scheduler import GroupClient
+from hetplan.runtime.group_sync import GroupLayout, make_group_sync
 from hetplan.runtime.optim import clip_coefficient
-from hetplan.runtime.precision import Precision, run_blocks
+from hetplan.runtime.pacing import LinkPacer
+from hetplan.runtime.param_server import PsClient
+from hetplan.runtime.precision import TORCH_DTYPES, Precision, run_blocks
+from hetplan.runtime.recompute import recomputed
+from hetplan.runtime.tensor_parallel import tensor_parallel_group
+from hetplan.runtime.wave_sync import GroupAverage, WaveSync
+from hetplan.runtime.zero import Zero1Group
 from hetplan.schedule.actions import Action, Kind
 from hetplan.schedule.compile import CompiledPlan
 
@@ -116,6 +136,7 @@ class RankExecutor:
         *,
         emulate: bool,
         blocking_allreduce: bool = False,
+        central_rank: int | None = None,
     ) -> None:
         self.config = config
         # blocking_allreduce: the behaviour before the schedule contract (every all-reduce issued at
@@ -145,23 +166,23 @@ class RankExecutor:
             if self.first or self.last
             else None
         )
-        self.block_list = [
-            b.to(device) for b in self.zoo.build_blocks(self.program.start, self.program.end, config.seed)
-        ]
+        # tensor parallelism: one process group per TP replica, created first and in plan order on
+        # every rank; a member's blocks are cut from the full deterministic blocks
+        self.tp = tensor_parallel_group(config.plan, rank_of, address)
+        full = self.zoo.build_blocks(self.program.start, self.program.end, config.seed)
+        self.block_list = [(shard_block(b, self.tp) if self.tp else b).to(device) for b in full]
         Precision.cast_model(self.block_list, config.dtype)
+        stage = config.plan.pipelines[self.program.pipeline].stages[self.program.stage]
+        self.recompute = stage.recompute
+        self.run_list = recomputed(self.block_list, stage.recompute)  # what F runs: blocks, or recomputed
         self.blocks = {self.program.start + i: b for i, b in enumerate(self.block_list)}
         params = [p for b in self.block_list for p in b.parameters()]
-        self.precision = Precision(
-            config.dtype, params, optimizer=config.optimizer, lr=config.lr, weight_decay=config.weight_decay
-        )
-        self.lr_schedule = config.lr_by_step()
-        self.optimizer = self.precision.optimizer
-        self.compute_dtype = self.precision.torch_dtype
+        self.compute_dtype = TORCH_DTYPES[config.dtype]
         shapes = _io_shapes(self.zoo, config.seed, self.compute_dtype)
         start = self.program.start
         if start == 0:
             in_dtype = self.zoo.input_dtype()
-            if in_dtype.is_floating_point and self.precision.mixed:
+            if in_dtype.is_floating_point and config.dtype in ("fp16", "bf16"):
                 in_dtype = self.compute_dtype
             self.in_shape, self.in_dtype = self.zoo.sample_shape(), in_dtype
         else:
@@ -170,29 +191,126 @@ class RankExecutor:
         pipe = config.plan.pipelines[self.program.pipeline]
         self.pipe_offset = pipeline_offsets(config.plan)[self.program.pipeline]
         self.micro_offsets = micro_offsets(pipe.micro_batches)
-        self.slowdown = config.devices[address].emulated_slowdown if emulate else 1.0
+        entry = config.devices[address]
+        # emulation: the device's slowdown, which may change from a step on (a straggler)
+        self.slowdown_schedule = SlowdownSchedule(entry.emulated_slowdown, entry.slowdown_changes) if emulate else None
+        self.slowdown = entry.emulated_slowdown if emulate else 1.0
+        self.pacer = LinkPacer(config, address, enabled=emulate)  # emulated slow links
         self.last_backward = max((i for i, a in enumerate(self.actions) if a.kind is Kind.BACKWARD), default=-1)
         # one process group per gradient group held by more than one device, created in the same
         # order on every rank (torch.distributed requires every rank to call new_group identically)
         self.groups: dict[int, tuple[dist.ProcessGroup | None, list[torch.nn.Parameter]]] = {}
+        created = gradient_process_groups(compiled, rank_of)
         for g in compiled.groups:
-            if len(g.devices) <= 1:
-                continue
-            ranks = sorted(rank_of[a] for a in g.devices)
-            pg = dist.new_group(ranks)
-            if address in g.devices:
+            if g.id in created and address in g.devices:
                 held = [p for b in g.blocks if b in self.blocks for p in self.blocks[b].parameters()]
-                self.groups[g.id] = (pg, held)
+                self.groups[g.id] = (created[g.id], held)
         self.group_order = sorted(self.groups)
+        # how a group's holders combine their gradients: the plan's sync mode (all-reduce, top-k, Adasum)
+        plan = config.plan
+        address_of = {r: a for a, r in rank_of.items()}
+        layouts = {
+            g.id: GroupLayout(
+                pipeline_of_rank=tuple(
+                    config.devices[address_of[r]].pipeline for r in sorted(rank_of[a] for a in g.devices)
+                ),
+                batches={i: p.batch for i, p in enumerate(plan.pipelines)},
+                sizes=tuple(p.numel() for p in self.groups[g.id][1]),
+            )
+            for g in compiled.groups
+            if g.id in self.groups
+        }
+        # (wsp has no groups; sdpipe's are inside a pipeline, summed by an all-reduce)
+        combine = plan.sync if plan.sync in ("topk", "adasum") else "allreduce"
+        self.group_sync = make_group_sync(
+            combine, ratio=float(plan.sync_option("ratio")) if combine == "topk" else 1.0, layouts=layouts
+        )
+        # ZeRO-1 (plan zero: 1): each shared group's optimizer state and fp32 master sharded over its
+        # holders (hetplan.runtime.zero), made once every process group exists, in group order (each
+        # checks its layout with one collective); Precision keeps the rest
+        self.zero: dict[int, Zero1Group] = {}
+        if config.plan.zero == 1:
+            for g in compiled.groups:
+                if g.id not in self.groups:
+                    continue
+                named = [
+                    (f"{self.names[b]}/{pname}", p)
+                    for b in g.blocks
+                    if b in self.blocks
+                    for pname, p in self.blocks[b].named_parameters()
+                ]
+                pg = self.groups[g.id][0]
+                self.zero[g.id] = Zero1Group(
+                    named, group=pg, optimizer=config.optimizer, lr=config.lr, weight_decay=config.weight_decay
+                )
+        self.zero_of = {id(p): z for z in self.zero.values() for p in z.params}
+        self.precision = Precision(
+            config.dtype,
+            [p for p in params if id(p) not in self.zero_of],
+            optimizer=config.optimizer,
+            lr=config.lr,
+            weight_decay=config.weight_decay,
+        )
+        self.lr_schedule = config.lr_by_step()
+        self.optimizer = self.precision.optimizer
+        # the decentralised sync modes (wsp, sdpipe): the pipeline's own group (loss and norm), and
+        # this device's side of the central role (hetplan.runtime.central)
+        self.params = params
+        self.pipe_group = mode_groups(config.plan, compiled, rank_of).get(self.program.pipeline)
+        self.wave_sync: WaveSync | None = None
+        self.group_average: GroupAverage | None = None
+        plan = config.plan
+        if plan.sync in DECENTRALISED:
+            if central_rank is None:
+                raise HetplanError(f"sync {plan.sync} needs the central process, and none joined", field="sync")
+            if plan.sync == "wsp":
+                numel = sum(p.numel() for p in params)
+                client = PsClient(central_rank, numel, rank=rank_of[address])
+                self.wave_sync = WaveSync(
+                    client, wave=int(plan.sync_option("wave")), staleness=int(plan.sync_option("staleness"))
+                )
+                self._load_flat(self.wave_sync.start())  # every device starts from the server's version 0
+            else:
+                mine = compiled.programs[address]
+                peers = {
+                    q.pipeline: rank_of[a]
+                    for a, q in compiled.programs.items()
+                    if (q.stage, q.replica, q.tp_rank) == (mine.stage, mine.replica, mine.tp_rank)
+                }
+                client = GroupClient(
+                    central_rank, pipeline=mine.pipeline, rank=rank_of[address], n_pipelines=len(plan.pipelines)
+                )
+                batches = {i: p.batch for i, p in enumerate(plan.pipelines)}
+                self.group_average = GroupAverage(client, mine.pipeline, peers, batches, timeout_s=config.timeout_s)
+        # per ZeRO group of a tensor-parallel block with tp_rank > 0: the slices of its shard that are
+        # sharded parameters (the replicated ones are counted by shard 0's group, once)
+        self._zero_counted: dict[int, list[tuple[int, int]] | None] = {}
+        for g in compiled.groups:
+            if g.id in self.zero:
+                z = self.zero[g.id]
+                sharded = {f"{self.names[b]}/{n}" for b in g.blocks for n in shard_specs(self.blocks[b])}
+                spans = [(o, o + n) for name, o, n in zip(z.names, z.offsets, z.sizes, strict=True) if name in sharded]
+                self._zero_counted[g.id] = None if g.tp_rank == 0 else spans
         # the parameters whose gradients this rank counts in the global norm: those of the blocks it
         # is the lowest rank of the holders of (every holder has the same gradient after the all-reduce)
-        counted = sorted(
-            b for g in compiled.groups if min(g.devices, key=rank_of.__getitem__) == address for b in g.blocks
-        )
-        self.norm_params = [p for b in counted for p in self.blocks[b].parameters()]
+        # ... and of a tensor-parallel block, shard k's own parameters by the lowest rank of group k,
+        # its replicated ones (LayerNorm, row-parallel bias: the same on every member) by shard 0's
+        counted_params: list[torch.nn.Parameter] = []
+        for g in compiled.groups:
+            if min(g.devices, key=rank_of.__getitem__) != address or g.id in self.zero:
+                continue  # a ZeRO group's holders each count their own shard
+            for b in g.blocks:
+                specs = shard_specs(self.blocks[b])
+                for name, p in self.blocks[b].named_parameters():
+                    if g.tp_rank == 0 or name in specs:
+                        counted_params.append(p)
+        order = {id(p): i for i, p in enumerate(params)}
+        self.norm_params = sorted(counted_params, key=lambda p: order[id(p)])
         self.group_of = {id(p): gid for gid, (_, held) in self.groups.items() for p in held}
         self._ready: dict[int, int] = {}
-        self._issued: dict[int, tuple[dist.Work, torch.Tensor, list[torch.Tensor]]] = {}
+        self._issued: dict[int, tuple[Any, torch.Tensor | None, list[torch.Tensor]]] = {}  # pending, flat, grads
+        self._issued_at: dict[int, float] = {}
+        self._group_devices = {g.id: list(g.devices) for g in compiled.groups}
         self._done: set[int] = set()
         self._hook_comm_cpu = 0.0  # CPU seconds the hooks spent issuing all-reduces during a compute
         self._final_backward = False
@@ -202,11 +320,17 @@ class RankExecutor:
     def held_tensors(self) -> list[torch.Tensor]:
         """Tensors this rank keeps across steps: weights, buffers, gradients, master copy, state."""
         buffers = [t for b in self.block_list for t in b.buffers()]
-        return [*self.precision.state_tensors(), *buffers]
+        zero = [t for z in self.zero.values() for t in z.state_tensors()]
+        zero_weights = [p for z in self.zero.values() for p in z.params]
+        return [*self.precision.state_tensors(), *zero_weights, *zero, *buffers]
 
     # -- gradient hooks: mixed-precision accumulation and bucketed, asynchronous all-reduces ------------
     def _on_grad(self, p: torch.nn.Parameter) -> None:
-        self.precision.accumulate_one(p)
+        zero = self.zero_of.get(id(p))
+        if zero is not None:
+            zero.accumulate_one(p)
+        else:
+            self.precision.accumulate_one(p)
         if not self._final_backward or self.blocking_allreduce:
             return
         gid = self.group_of.get(id(p))
@@ -227,6 +351,9 @@ class RankExecutor:
             forced = upto is not None and (upto < 0 or gid <= upto)
             if not forced and self._ready.get(gid, 0) < len(held):
                 return  # later groups wait: every rank issues its collectives in the same order
+            if gid in self.zero:  # ZeRO-1: the group's reduce (its own buffer; nothing to copy back)
+                self._issued[gid] = (self.zero[gid].start_reduce(), None, [])
+                continue
             grads = []
             for p in held:
                 g = self.precision.grad_of(p)
@@ -234,12 +361,24 @@ class RankExecutor:
                     g = p.grad = torch.zeros_like(p)
                 grads.append(g)
             flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(1, device=self.device)
-            self._issued[gid] = (dist.all_reduce(flat, group=pg, async_op=True), flat, grads)
+            pending = self.group_sync.issue(gid, flat, pg, timeout_s=self.config.timeout_s)
+            self._issued[gid] = (pending, flat, grads)
+            self._issued_at[gid] = time.perf_counter()
 
     def _complete(self, gid: int, where) -> None:
         """Wait for one group's all-reduce and put the summed gradients back in place."""
         work, flat, grads = self._issued.pop(gid)
-        wait(work, timeout_s=self.config.timeout_s, what=where(f"AR{gid}"))
+        if flat is None:  # a ZeRO-1 group: its works, in order
+            for w in work:
+                wait(w, timeout_s=self.config.timeout_s, what=where(f"AR{gid}"))
+            self._done.add(gid)
+            return
+        work.what = where(f"AR{gid}")
+        flat = self.group_sync.complete(work)  # the combined gradient (the sum, for an all-reduce)
+        if self.pacer.enabled:  # an emulated slow link: the collective lasts what its bytes need
+            devices = self._group_devices[gid]
+            kind, nbytes = self.group_sync.wire(flat, len(devices))
+            self.pacer.pad(self._issued_at.pop(gid), self.pacer.collective_floor(devices, nbytes, kind))
         offset = 0
         for g in grads:
             n = g.numel()
@@ -284,7 +423,10 @@ class RankExecutor:
 
     def run_step(self, step: int) -> StepStats:
         cfg = self.config
+        if self.slowdown_schedule is not None:
+            self.slowdown = self.slowdown_schedule.at(step)
         stats = StepStats()
+        paced_before = self.pacer.slept_s
         begin = time.perf_counter()
         rows = self.samples.step(step) if self.samples is not None else None  # this step's samples
         x_in: dict[int, torch.Tensor] = {}  # received activations (the stage's inputs), until their backward
@@ -319,7 +461,7 @@ class RankExecutor:
 
                 def forward(x=x, micro=micro, target=target) -> None:
                     with precision.autocast(self.device):
-                        y = run_blocks(self.block_list, x, self.compute_dtype)
+                        y = run_blocks(self.run_list, x, self.compute_dtype)
                         y_out[micro] = y
                         if self.last:
                             losses[micro] = self.zoo.loss(y.float(), target) / cfg.global_batch
@@ -360,17 +502,91 @@ class RankExecutor:
                 self._step(step, stats, where)
             i += 1
         stats.extra["loss_scale"] = precision.scaler.scale
+        if self.pacer.enabled:
+            stats.extra["emulated_link_s"] = self.pacer.slept_s - paced_before
         stats.iteration_s = time.perf_counter() - begin
         return stats
+
+    def _load_flat(self, flat: torch.Tensor) -> None:
+        """Set this device's weights (and fp32 master copies) from one flat fp32 buffer, in the
+        order of its parameters (:func:`hetplan.runtime.central.param_names`)."""
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                part = flat[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+                if self.precision.holds(p) and self.precision.mixed:
+                    self.precision.master_of(p).copy_(part)
+                p.copy_(part)
+
+    def _flat_weights(self) -> torch.Tensor:
+        """This device's weights, fp32 master copies where there are, as one flat fp32 buffer."""
+        held = [self.precision.master_of(p) if self.precision.mixed else p for p in self.params]
+        return torch.cat([t.detach().float().reshape(-1) for t in held])
+
+    def _decentralised_step(self, step: int, stats: StepStats, where) -> None:
+        """``OPT`` of wsp and sdpipe: the loss and norm inside the pipeline only (no job-wide
+        collective), then the wave's push and pull (wsp: the server steps) or a local step and the
+        round's group average (sdpipe)."""
+        cfg = self.config
+        pipe = cfg.plan.pipelines[self.program.pipeline]
+        sq = self.precision.grad_sq_sum(self.norm_params).to(self.device)
+        total = torch.cat([torch.tensor([stats.loss_sum], dtype=torch.float64, device=self.device), sq.reshape(1)])
+        if self.pipe_group is not None:
+            wait(
+                dist.all_reduce(total, group=self.pipe_group, async_op=True),
+                timeout_s=cfg.timeout_s,
+                what=where("the pipeline's loss all-reduce"),
+            )
+        stats.loss_sum = float(total[0]) / pipe.batch  # this pipeline's mean loss
+        # the gradients are weighted by samples / global batch: x B / b is the pipeline's mean gradient
+        to_mean = cfg.global_batch / pipe.batch
+        norm = math.sqrt(float(total[1])) * to_mean
+        if self.wave_sync is not None:
+            grads = [self.precision.grad_of(p) for p in self.params]
+            flat = torch.cat([(g if g is not None else torch.zeros_like(p)).float().reshape(-1)
+                              for g, p in zip(grads, self.params, strict=True)])  # fmt: skip
+            pulled = self.wave_sync.after_step(step, flat)
+            if pulled is not None:
+                self._load_flat(pulled)
+            self.precision.zero_grad()
+            stats.log = {"lr": self.lr_schedule.lr_at(step // self.wave_sync.wave)}  # the server clips
+            if self.wave_sync.log and pulled is not None:
+                stats.log["wave"] = dict(self.wave_sync.log[-1])
+            return
+        assert self.group_average is not None
+        coef = clip_coefficient(norm, cfg.clip_grad_norm) * to_mean
+        lr = self.lr_schedule.lr_at(step)
+        self.precision.set_lr(lr)
+        self.precision.step(nonfinite_anywhere=0, clip_coef=coef)
+        self._load_flat(self.group_average.after_step(step, self._flat_weights()))
+        stats.log = {"lr": lr, "grad_norm": norm, "group": list(self.group_average.log[-1])}
+
+    def close(self) -> None:
+        """Tell the central role this device is done (wsp, sdpipe); nothing for the other modes."""
+        for role in (self.wave_sync, self.group_average):
+            if role is not None:
+                role.stop()
 
     def _step(self, step: int, stats: StepStats, where) -> None:
         """``OPT``: one all-reduce of [loss, overflow count, squared gradient norm] over the job (on the
         rank's device), then clip by the global norm, set the step's learning rate and step."""
+        if self.config.plan.sync in DECENTRALISED:
+            self._decentralised_step(step, stats, where)
+            return
         cfg = self.config
         precision = self.precision
         scale = precision.scaler.scale  # the scale this step's gradients carry (fp16), before any update
-        head = torch.tensor([stats.loss_sum, float(precision.nonfinite())], dtype=torch.float64, device=self.device)
-        total = torch.cat([head, precision.grad_sq_sum(self.norm_params).reshape(1).to(self.device)])
+        # every member of a tensor-parallel last stage computes the same loss: shard 0 reports it
+        loss = stats.loss_sum if self.tp is None or self.tp.rank == 0 else 0.0
+        nonfinite = precision.nonfinite()
+        sq = precision.grad_sq_sum(self.norm_params).to(self.device)
+        for gid, z in self.zero.items():  # every holder adds its shard's part
+            if precision.scaler.enabled:
+                nonfinite += z.shard_has_inf()
+            sq = sq + self._zero_sq(gid, z)
+        head = torch.tensor([loss, float(nonfinite)], dtype=torch.float64, device=self.device)
+        total = torch.cat([head, sq.reshape(1)])
         wait(dist.all_reduce(total, async_op=True), timeout_s=cfg.timeout_s, what=where("the loss all-reduce"))
         stats.loss_sum = float(total[0]) / cfg.global_batch
         overflow = int(total[1])
@@ -378,10 +594,36 @@ class RankExecutor:
         coef = clip_coefficient(norm, cfg.clip_grad_norm) if overflow == 0 else 1.0
         lr = self.lr_schedule.lr_at(step)
         precision.set_lr(lr)
+        for gid in sorted(self.zero):  # ZeRO-1: step each shard, gather the weights (group order)
+            z = self.zero[gid]
+            if overflow:
+                z.zero_grad()
+                continue
+            z.set_lr(lr)
+            z.step(clip_coef=coef, loss_scale=scale)
+            for w in z.start_gather():
+                wait(w, timeout_s=cfg.timeout_s, what=where(f"the ZeRO-1 gather of group {gid}"))
+            z.finish_gather()
         stats.skipped = not precision.step(nonfinite_anywhere=overflow, clip_coef=coef)
         stats.log = {"lr": lr, "grad_norm": norm if math.isfinite(norm) else None}
         if cfg.clip_grad_norm is not None:
             stats.log["clipped"] = coef < 1.0
+
+    def _zero_sq(self, gid: int, z: Zero1Group) -> torch.Tensor:
+        """This holder's part of the squared global norm from ZeRO group ``gid``: its shard, or for a
+        tensor-parallel shard group other than shard 0's, the sharded parameters' part of it."""
+        spans = self._zero_counted.get(gid)
+        if spans is None:
+            return z.shard_sq_norm()
+        grad = z.shard_grad
+        total = torch.zeros((), dtype=torch.float64, device=grad.device)
+        for lo, hi in spans:
+            a, b = max(lo, z.start), min(hi, z.end)
+            if b > a:
+                total = (
+                    total + torch.linalg.vector_norm(grad[a - z.start : b - z.start], 2, dtype=torch.float64).square()
+                )
+        return total
 
     def _post_batch(self, batch, x_in, y_out, grad_out, in_flight_sends, stats: StepStats, where) -> None:
         """Post one batch of transfers together; wait for it if it receives anything."""
@@ -415,13 +657,26 @@ class RankExecutor:
             if a.kind is Kind.SEND_GRAD:
                 x_in.pop(a.micro, None)
         what = where(" ".join(str(a) for a in batch))
+        posted = time.perf_counter()
         works = dist.batch_isend_irecv(ops)
         if receives:
-            t0 = time.perf_counter()
             for work in works:
                 wait(work, timeout_s=self.config.timeout_s, what=what)
-            stats.wait_s += time.perf_counter() - t0
+            # an emulated slow link: the batch's receives last at least what their bytes need on it
+            received = [
+                (a.peer, (a.hi - a.lo) * _row_bytes(self, a.kind is Kind.RECV_GRAD))
+                for a in batch
+                if a.kind is Kind.RECV_ACT or a.kind is Kind.RECV_GRAD
+            ]
+            self.pacer.pad(posted, self.pacer.p2p_floor(received))
+            stats.wait_s += time.perf_counter() - posted
         else:
             in_flight_sends.extend((work, what, keep) for work in works)
         # sends that have completed no longer need their tensors
         in_flight_sends[:] = [s for s in in_flight_sends if not s[0].is_completed()]
+
+
+def _row_bytes(executor: RankExecutor, grad: bool) -> int:
+    """Bytes of one sample of a boundary tensor: an input activation, or an output's gradient."""
+    shape, dtype = (executor.out_shape, executor.out_dtype) if grad else (executor.in_shape, executor.in_dtype)
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()

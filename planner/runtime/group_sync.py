@@ -62,6 +62,10 @@ class AllReduceSync:
 
     name = "allreduce"
 
+    def wire(self, flat: torch.Tensor, n: int) -> tuple[str, float]:
+        """What crosses the links: the collective and its bytes (an all-gather's total), for pacing."""
+        return "allreduce", flat.numel() * flat.element_size()
+
     def issue(self, gid: int, flat: torch.Tensor, pg: Any, *, timeout_s: float, what: str = "") -> Pending:
         return Pending(gid, dist.all_reduce(flat, group=pg, async_op=True), flat, [], timeout_s, what or f"AR{gid}")
 
@@ -77,6 +81,9 @@ class TopKSync:
 
     def __init__(self, ratio: float) -> None:
         self.compressor = TopK(ratio)
+
+    def wire(self, flat: torch.Tensor, n: int) -> tuple[str, float]:
+        return "allgather", n * self.compressor.k_of(flat.numel()) * (8 + flat.element_size())
 
     def issue(self, gid: int, flat: torch.Tensor, pg: Any, *, timeout_s: float, what: str = "") -> Pending:
         idx, val = self.compressor.compress(f"group{gid}", flat)
@@ -109,6 +116,9 @@ class AdasumSync:
 
     def __init__(self, layouts: Mapping[int, GroupLayout]) -> None:
         self.layouts = dict(layouts)
+
+    def wire(self, flat: torch.Tensor, n: int) -> tuple[str, float]:
+        return "allgather", n * flat.numel() * flat.element_size()
 
     def issue(self, gid: int, flat: torch.Tensor, pg: Any, *, timeout_s: float, what: str = "") -> Pending:
         n = dist.get_world_size(pg)

@@ -103,7 +103,9 @@ def launch_local(
     if any("," in n for n in nodes):
         raise HetplanError("a node name with a comma cannot be launched here", file=config.file, field="nodes")
     addresses = [a for n in nodes for a in config.nodes[n]]  # rank R (= LOCAL_RANK R) runs addresses[R]
-    world = len(addresses)
+    world = len(addresses)  # the ranks that train and log steps
+    if config.central_node is not None:  # wsp, sdpipe: one more process, the central role, last
+        addresses.append("central")
     keep_run_dir = run_dir is not None
     work = Path(run_dir).resolve() if run_dir else Path(tempfile.mkdtemp(prefix="hetplan-run-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -117,7 +119,7 @@ def launch_local(
     worker += ["--resume", str(Path(resume).resolve())] if resume else []
     worker += ["--resume-step", str(resume_step)] if resume_step is not None else []
     worker += ["--crash-in-save", f"{crash_in_save[0]}:{crash_in_save[1]}"] if crash_in_save else []
-    torchrun = _torchrun_args(world, work, worker)
+    torchrun = _torchrun_args(len(addresses), work, worker)
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads)  # set: torchrun then neither overrides it nor warns

@@ -88,14 +88,17 @@ class Precision:
         self.mixed = dtype in ("fp16", "bf16")
         self.params = list(params)
         self.scaler = LossScaler(enabled=dtype == "fp16")
+        # a rank whose parameters are all stepped elsewhere (ZeRO-1 groups) still has an optimizer, over
+        # one empty tensor: torch refuses an empty parameter list, and stepping nothing is a no-op
+        stepped = None if self.params else [nn.Parameter(torch.zeros(0))]
         if self.mixed:
             self.master = [nn.Parameter(p.detach().float().clone()) for p in self.params]
             self.main_grads = [torch.zeros_like(m) for m in self.master]
-            self.optimizer = make_optimizer(optimizer, self.master, lr, weight_decay=weight_decay)
+            self.optimizer = make_optimizer(optimizer, stepped or self.master, lr, weight_decay=weight_decay)
         else:
             self.master = self.params
             self.main_grads = []
-            self.optimizer = make_optimizer(optimizer, self.params, lr, weight_decay=weight_decay)
+            self.optimizer = make_optimizer(optimizer, stepped or self.params, lr, weight_decay=weight_decay)
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self._unscaled = False  # the optimizer's gradients are made (unscaled, clipped) this step
 
@@ -119,6 +122,10 @@ class Precision:
         if self.mixed:
             return self.main_grads[self._index[id(p)]]
         return p.grad
+
+    def holds(self, p: nn.Parameter) -> bool:
+        """True if this steps ``p`` (False for a parameter a ZeRO-1 group steps)."""
+        return id(p) in self._index
 
     def master_of(self, p: nn.Parameter) -> nn.Parameter:
         """The tensor the optimizer updates for ``p``: its fp32 master copy, or ``p`` itself."""

@@ -14,13 +14,14 @@ runtime's norm across ranks, not the same code twice.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from hetplan.contracts.lr_schedule import LrSchedule
 from hetplan.models import resolve_model
+from hetplan.runtime.adasum import weighted_adasum_tree
 from hetplan.runtime.data import open_samples
 from hetplan.runtime.precision import Precision, run_blocks
 
@@ -45,12 +46,18 @@ def train_reference(
     clip_grad_norm: float | None = None,
     lr_schedule: LrSchedule | None = None,
     history: list[dict[str, Any]] | None = None,
+    adasum_batches: Sequence[int] | None = None,
 ) -> tuple[list[float], list[torch.nn.Module]]:
     """Losses (mean over the global batch) per step, and the trained blocks.
 
     ``history``, when given, receives per step what the run log records: ``lr``, ``grad_norm``
-    (before clipping; None when not finite) and ``clipped``.
+    (before clipping; None when not finite) and ``clipped``. ``adasum_batches`` (the pipelines'
+    batches, in plan order; fp32) makes the step's gradient the Adasum of the pipelines' mean
+    gradients, parameter by parameter, weighted by batch (:mod:`hetplan.runtime.adasum`), each
+    pipeline's computed by one backward over its own rows of the global batch.
     """
+    if adasum_batches is not None and (dtype != "fp32" or sum(adasum_batches) != global_batch):
+        raise ValueError(f"an Adasum reference needs fp32 and batches summing to {global_batch}")
     zoo = resolve_model(model)
     samples = open_samples(
         model,
@@ -69,12 +76,15 @@ def train_reference(
     device = params[0].device if params else torch.device("cpu")
     losses = []
     for step in range(start_step, start_step + steps):
-        inputs, targets = samples.step(step).rows(0, global_batch)
         precision.zero_grad()
-        with precision.autocast(device):
-            x = run_blocks(blocks, inputs, precision.torch_dtype)
-            loss = zoo.loss(x.float(), targets) / global_batch
-        precision.scale(loss).backward()
+        if adasum_batches is not None:
+            loss = _adasum_backward(zoo, blocks, params, samples.step(step), adasum_batches, global_batch)
+        else:
+            inputs, targets = samples.step(step).rows(0, global_batch)
+            with precision.autocast(device):
+                x = run_blocks(blocks, inputs, precision.torch_dtype)
+                loss = zoo.loss(x.float(), targets) / global_batch
+            precision.scale(loss).backward()
         for p in params:
             precision.accumulate_one(p)
         nonfinite = precision.nonfinite()
@@ -93,3 +103,25 @@ def train_reference(
                 record["clipped"] = math.isfinite(norm) and clip_grad_norm / (norm + 1e-6) < 1.0
             history.append(record)
     return losses, blocks
+
+
+def _adasum_backward(zoo, blocks, params, batch, batches: Sequence[int], global_batch: int) -> torch.Tensor:
+    """Leave in each ``p.grad`` the Adasum of the pipelines' mean gradients; return the whole loss."""
+    per_pipeline: list[list[torch.Tensor]] = []
+    total = torch.zeros(())
+    lo = 0
+    for b in batches:
+        for p in params:
+            p.grad = None
+        inputs, targets = batch.rows(lo, lo + b)
+        loss = zoo.loss(run_blocks(blocks, inputs, torch.float32).float(), targets) / global_batch
+        loss.backward()
+        # (b / B) x this pipeline's mean gradient -> its mean gradient
+        per_pipeline.append(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)) * (global_batch / b) for p in params]
+        )
+        total = total + loss.detach()
+        lo += b
+    for i, p in enumerate(params):
+        p.grad = weighted_adasum_tree([g[i].flatten() for g in per_pipeline], list(batches)).view_as(p)
+    return total

@@ -72,6 +72,7 @@ def _stop_after_grace_on_sigterm(where: _Where) -> None:
 def _address_of(config, args: argparse.Namespace) -> str:
     """This rank's device: ``--device``, or the LOCAL_RANK-th device of the ``--node`` list."""
     from hetplan.errors import HetplanError
+    from hetplan.runtime.central import CENTRAL
 
     if args.device:
         address = args.device
@@ -86,6 +87,10 @@ def _address_of(config, args: argparse.Namespace) -> str:
                     field="nodes",
                 )
             devices += config.nodes[node]
+        # wsp and sdpipe: the local rank after the devices of the central node's agent is the central
+        # process (hetplan.runtime.central), which holds no device
+        if config.central_node in args.node.split(",") and local == len(devices):
+            return CENTRAL
         if not 0 <= local < len(devices):
             raise HetplanError(
                 f"node {args.node!r} has no device for LOCAL_RANK {local} in the rank config",
@@ -116,6 +121,7 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     from hetplan.contracts.rank_config import load_rank_config
     from hetplan.contracts.runlog import RUNLOG_SCHEMA
     from hetplan.errors import HetplanError
+    from hetplan.runtime.central import CENTRAL, run_central
     from hetplan.runtime.checkpoint import load_checkpoint
     from hetplan.runtime.comm import RankFailureError
     from hetplan.runtime.executor import RankExecutor
@@ -126,6 +132,11 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     config = load_rank_config(args.config)
     address = where.address = _address_of(config, args)
     backend = args.backend or config.backend
+    if backend == "nccl" and config.central_node is not None:
+        raise HetplanError(
+            f"sync {config.plan.sync} runs on gloo only (its central process moves CPU tensors); use --backend gloo",
+            field="--backend",
+        )
     if backend == "nccl" and not torch.cuda.is_available():
         raise HetplanError("backend nccl needs CUDA, and this machine has none; use --backend gloo", field="--backend")
     # the GPU is the device's own index (NODE/INDEX), not LOCAL_RANK: a plan may leave a node's other
@@ -142,6 +153,8 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     addresses: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(addresses, address)
     missing = sorted(set(config.devices) - set(addresses))
+    if config.central_node is not None and CENTRAL not in addresses:
+        missing.append(CENTRAL)
     if missing or len(set(addresses)) != len(addresses):
         raise HetplanError(
             f"ranks joined as {addresses}; the plan needs each of {sorted(config.devices)} once"
@@ -149,8 +162,14 @@ def run(args: argparse.Namespace, where: _Where) -> None:
             file=config.file,
             field="devices",
         )
-    rank_of = {a: r for r, a in enumerate(addresses)}
+    central_rank = addresses.index(CENTRAL) if CENTRAL in addresses else None
+    rank_of = {a: r for r, a in enumerate(addresses) if a != CENTRAL}
     compiled = compile_plan(config.plan, config.n_blocks)
+    if address == CENTRAL:
+        where.doing = f"serving as the {config.plan.sync} central process"
+        run_central(config, compiled, rank_of)
+        dist.destroy_process_group()
+        return
     validate_programs({a: p.actions for a, p in compiled.programs.items()})
     mine = compiled.programs[address].render()
     if mine != config.devices[address].actions:
@@ -162,8 +181,22 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     # checkpoint coordination moves Python objects: on a gloo group (the default one on CPU), created
     # before the executor's groups so that every rank creates its groups in the same order
     ckpt_group = dist.new_group(backend="gloo") if args.save and backend != "gloo" else None
+    if config.central_node is not None and (args.save or args.resume):
+        raise HetplanError(
+            f"checkpoints of sync {config.plan.sync} runs are not built (the optimizer state lives in the "
+            "central process)",
+            file=config.file,
+            field="--save" if args.save else "--resume",
+        )
     executor = RankExecutor(
-        config, compiled, address, rank_of, device, emulate=args.emulate, blocking_allreduce=args.blocking_allreduce
+        config,
+        compiled,
+        address,
+        rank_of,
+        device,
+        emulate=args.emulate,
+        blocking_allreduce=args.blocking_allreduce,
+        central_rank=central_rank,
     )
     start_step = 0
     if args.resume:
@@ -175,6 +208,7 @@ def run(args: argparse.Namespace, where: _Where) -> None:
             names=executor.names,
             step=args.resume_step,
             model=config.model,
+            zero=[executor.zero[gid] for gid in sorted(executor.zero)],
         )
         start_step = restored.step
     end_step = start_step + args.steps
@@ -220,6 +254,8 @@ def run(args: argparse.Namespace, where: _Where) -> None:
             record.update(getattr(stats, "log", None) or {})  # the executor's optional keys (lr, ...)
             if executor.slowdown > 1.0:
                 record["emulated_slowdown"] = executor.slowdown
+            if "emulated_link_s" in stats.extra:  # seconds slept to make emulated links as slow as stated
+                record["emulated_link_s"] = stats.extra["emulated_link_s"]
             if log:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
@@ -227,6 +263,7 @@ def run(args: argparse.Namespace, where: _Where) -> None:
                 saver.save(step + 1)
         if saver and saver.last != end_step:
             saver.save(end_step)
+        executor.close()
     finally:
         if log:
             log.close()
@@ -234,7 +271,8 @@ def run(args: argparse.Namespace, where: _Where) -> None:
 
 
 class _Saver:
-    """Periodic and final checkpoints: each rank saves the blocks it is the first holder of."""
+    """Periodic and final checkpoints: each rank saves the blocks it is the first holder of (whole:
+    a tensor-parallel writer gathers the shards of its group's members first)."""
 
     def __init__(self, args, config, compiled, executor, rank_of: dict[str, int], group, where: _Where) -> None:
         import torch.distributed as dist
@@ -246,6 +284,10 @@ class _Saver:
         address_of = {r: a for a, r in rank_of.items()}
         writer = {i: min(rank_of[a] for a in _holders(compiled, i)) for i in range(config.n_blocks)}
         self.owned = [i for i in executor.blocks if writer[i] == self.rank]
+        # a tensor-parallel block's writer gathers its shards from its group: every member of the
+        # writer's group takes part in the gathers (same blocks, same order), the writer writes them
+        group = executor.program.tp_group or (address_of[self.rank],)
+        self.gathered = [i for i in executor.blocks if address_of[writer[i]] in group]
         plan = json.dumps(
             {"global_batch": config.global_batch, "pipelines": [p.to_dict() for p in config.plan.pipelines]},
             sort_keys=True,
@@ -276,9 +318,19 @@ class _Saver:
         self.where.doing = f"saving checkpoint {step_folder(step)}"
         scaler = self.executor.precision.scaler
         info = {**self.info, "loss_scale": {"scale": scaler.scale, "good_steps": scaler.good_steps}}
+        # ZeRO-1 groups: every holder gathers its groups' full state (collectives, in group order)
+        zero: dict[int, tuple] = {}
+        mixed = self.executor.precision.mixed
+        for gid in sorted(self.executor.zero):
+            z = self.executor.zero[gid]
+            full = z.state_dict()
+            for name, p in zip(z.names, z.params, strict=True):
+                zero[id(p)] = (full["master"][name] if mixed else None, full["optim"][name])
         state = checkpoint_state(
-            {i: self.executor.blocks[i] for i in self.owned}, self.executor.precision, self.executor.names
+            {i: self.executor.blocks[i] for i in self.gathered}, self.executor.precision, self.executor.names, zero
         )
+        mine = {self.executor.names[i] for i in self.owned}
+        state = {k: v for k, v in state.items() if k.split("/", 1)[0] in mine}
         # fault tests: this rank dies once its files are written, before the checkpoint is published
         die = (lambda: os.kill(os.getpid(), signal.SIGKILL)) if step == self.crash_step else None
         try:
@@ -356,6 +408,10 @@ def main(argv: list[str] | None = None) -> None:
         from hetplan.runtime.comm import RankFailureError
 
         known = isinstance(exc, (HetplanError, RankFailureError))
+        if not known and os.environ.get("HETPLAN_TRACEBACK"):  # for developers: where an unexpected error came from
+            import traceback
+
+            traceback.print_exc()
         text = str(exc) if known else f"{type(exc).__name__}: {exc}"
         first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
         print(f"error: {first}", file=sys.stderr, flush=True)

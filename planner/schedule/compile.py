@@ -206,7 +206,7 @@ def gc_paused() -> Iterator[None]:
 
 #: The sync modes whose schedule is built here and which the simulator and the runtime carry out;
 #: the plan contract names more (issue 11), refused with one line until they are built end to end.
-BUILT_SYNC_MODES = ("allreduce",)
+BUILT_SYNC_MODES = ("allreduce", "adasum", "topk", "wsp", "sdpipe")
 
 
 def compile_plan(plan: Plan, n_blocks: int) -> CompiledPlan:

@@ -2,18 +2,38 @@
 
 costs = CostModel(profile, cluster, optimizer="adam")
 costs.compute(device, start=0, end=9, samples=4, backward=False)   # seconds
+costs.compute(device, 0, 9, 4, backward=True, tp=2, recompute="selective")  # one TP member's B
 costs.allreduce(group_bytes, devices)                               # seconds
+costs.reduce_scatter(group_bytes, devices)                          # ZeRO-1: half an all-reduce
+
+Tensor parallelism (Shoeybi et al. 2019): a member of a degree-``t`` group computes each block at
+the profile's degree-``t`` time (compute only) plus the block's all-reduce, ``allreduce_bytes`` x
+samples in a ring of ``t`` devices over its node's own link, once in the forward and once in the
+backward, not overlapped with compute (Megatron without sequence-parallel overlap). Recomputation:
+``full`` re-runs each block's forward (its compute and its all-reduce) right before the block's
+backward; ``selective`` re-runs the attention core (the profile's ``recompute`` time).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from hetplan.contracts.catalog import DeviceType
 from hetplan.contracts.cluster import Cluster, Device, Link
 from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import RECOMPUTE
+from hetplan.errors import HetplanError
 
-__all__ = ["OPTIMIZER_STEP_BYTES", "CostModel", "hierarchical_allreduce_time", "ring_allreduce_time"]
+__all__ = [
+    "OPTIMIZER_STEP_BYTES",
+    "CostModel",
+    "block_costs",
+    "hierarchical_allreduce_time",
+    "ring_allreduce_time",
+    "tp_allreduce_time",
+]
 
 #: Bytes of memory traffic per parameter for one optimizer step in fp32 (read and write):
 #: SGD reads w, g and writes w (12); momentum adds the buffer read+write (20); Adam reads w, g, m, v
@@ -22,12 +42,9 @@ OPTIMIZER_STEP_BYTES = {"sgd": 12.0, "momentum": 20.0, "adam": 28.0, "adamw": 28
 
 
 def ring_allreduce_time(nbytes: float, n: int, link: Link) -> float:
-    """Ring all-reduce of ``nbytes`` over ``n`` ranks whose every hop is ``link``: reduce-scatter then
-    all-gather, 2(n-1) steps, each moving one ``nbytes / n`` chunk over every hop at once
-    (Patarasuk & Yuan 2009; the alpha-beta model): 2(n-1) (latency + nbytes / (n bandwidth))."""
-    if n <= 1 or nbytes <= 0:
-        return 0.0
-    return 2.0 * (n - 1) / n * nbytes / link.bandwidth + 2.0 * (n - 1) * link.latency
+    """Ring all-reduce of ``nbytes`` over ``n`` ranks on ``link``: :meth:`Link.ring_allreduce_time`
+    (one formula, shared with the runtime's link emulation)."""
+    return link.ring_allreduce_time(nbytes, n)
 
 
 def hierarchical_allreduce_time(nbytes: float, nodes: int, per_node: int, intra: Link, inter: Link) -> float:
@@ -37,6 +54,54 @@ def hierarchical_allreduce_time(nbytes: float, nodes: int, per_node: int, intra:
     if nodes <= 1 or per_node <= 1:
         return float("inf")
     return ring_allreduce_time(nbytes, per_node, intra) + ring_allreduce_time(nbytes, nodes, inter)
+
+
+def tp_allreduce_time(nbytes: float, tp: int, link: Link, collective_efficiency: float = 1.0) -> float:
+    """One Megatron all-reduce of ``nbytes`` inside a tensor-parallel group of ``tp`` devices on
+    one node: a ring over the node's link, divided by the cluster's collective efficiency."""
+    return ring_allreduce_time(nbytes, tp, link) / collective_efficiency
+
+
+def block_costs(
+    profile: ModelProfile,
+    device_type: DeviceType,
+    samples: float,
+    *,
+    tp: int = 1,
+    recompute: str = "none",
+    link: Link | None = None,
+    collective_efficiency: float = 1.0,
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-block (forward, backward) seconds of one member of a degree-``tp`` replica running
+    ``samples`` samples: compute at the degree, the blocks' all-reduces over ``link`` (the node's
+    own link; required for ``tp`` >= 2), and what ``recompute`` adds to each backward. The one
+    formula the simulator and the search's tables share. Blocks without the degree raise."""
+    if recompute not in RECOMPUTE:
+        raise HetplanError(f"unknown recompute {recompute!r}; expected one of {', '.join(RECOMPUTE)}")
+    if tp > 1 and link is None:
+        raise HetplanError(f"a tensor-parallel degree {tp} needs the link its group all-reduces over")
+    fwd: list[float] = []
+    bwd: list[float] = []
+    for i in range(len(profile.blocks)):
+        if tp > 1 and tp not in profile.blocks[i].tensor_parallel:
+            fwd.append(math.nan)
+            bwd.append(math.nan)
+            continue
+        f, b = profile.block_time(i, device_type, samples, tp)
+        if tp > 1:
+            shard = profile.blocks[i].shard(tp)
+            if not shard.allreduce_in_time:
+                assert link is not None
+                ar = tp_allreduce_time(shard.allreduce_bytes * samples, tp, link, collective_efficiency)
+                f += ar
+                b += ar
+        if recompute == "full":
+            b += f
+        elif recompute == "selective":
+            b += profile.recompute_time(i, device_type, samples, tp)
+        fwd.append(f)
+        bwd.append(b)
+    return tuple(fwd), tuple(bwd)
 
 
 @dataclass
@@ -51,22 +116,51 @@ class CostModel:
     def __post_init__(self) -> None:
         self._block = lru_cache(maxsize=None)(self._block_times)
 
-    def _block_times(self, type_name: str, samples: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    def _block_times(
+        self, type_name: str, samples: int, tp: int = 1, recompute: str = "none", node: str | None = None
+    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
         device_type = self.cluster.catalog.get(type_name)
-        pairs = [self.profile.block_time(i, device_type, samples) for i in range(len(self.profile.blocks))]
-        return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+        if tp == 1 and recompute == "none":
+            pairs = [self.profile.block_time(i, device_type, samples) for i in range(len(self.profile.blocks))]
+            return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+        link = self.cluster.node(node).link if node is not None else None
+        return block_costs(
+            self.profile,
+            device_type,
+            samples,
+            tp=tp,
+            recompute=recompute,
+            link=link,
+            collective_efficiency=self.cluster.collective_efficiency,
+        )
 
-    def block_times(self, device: Device, samples: int, *, backward: bool) -> tuple[float, ...]:
-        """Per-block seconds on ``device`` for ``samples`` samples (forward or backward)."""
-        fwd, bwd = self._block(device.type.name, samples)
+    def block_times(
+        self, device: Device, samples: int, *, backward: bool, tp: int = 1, recompute: str = "none"
+    ) -> tuple[float, ...]:
+        """Per-block seconds on ``device`` for ``samples`` samples (forward or backward); at ``tp``
+        >= 2 with the blocks' all-reduces on the device's node, and what ``recompute`` adds."""
+        node = device.node if tp > 1 else None
+        fwd, bwd = self._block(device.type.name, samples, tp, recompute, node)
         return bwd if backward else fwd
 
-    def compute(self, device: Device, start: int, end: int, samples: int, *, backward: bool) -> float:
-        """Forward or backward seconds of blocks ``[start, end)`` on ``device`` for ``samples`` samples."""
-        key = (device.type.name, start, end, samples, backward)
+    def compute(
+        self,
+        device: Device,
+        start: int,
+        end: int,
+        samples: int,
+        *,
+        backward: bool,
+        tp: int = 1,
+        recompute: str = "none",
+    ) -> float:
+        """Forward or backward seconds of blocks ``[start, end)`` on ``device`` for ``samples``
+        samples, as a member of a degree-``tp`` group with ``recompute`` (see the module docstring)."""
+        key = (device.type.name, device.node if tp > 1 else "", start, end, samples, backward, tp, recompute)
         cached = self._fwd.get(key)
         if cached is None:
-            cached = sum(self.block_times(device, samples, backward=backward)[start:end])
+            per_block = self.block_times(device, samples, backward=backward, tp=tp, recompute=recompute)
+            cached = sum(per_block[start:end])
             self._fwd[key] = cached
         return cached
 
@@ -74,13 +168,15 @@ class CostModel:
         """Bytes crossing the cut after block ``stage_end - 1`` for ``samples`` samples (each way)."""
         return self.profile.blocks[stage_end - 1].output_bytes * samples
 
-    def gradient_bytes(self, blocks: tuple[int, ...]) -> float:
+    def gradient_bytes(self, blocks: tuple[int, ...], tp: int = 1) -> float:
         """Bytes of gradients of ``blocks`` as the runtime all-reduces them: the parameters' storage
         size in fp32, and for fp16/bf16 plans the fp32 accumulation buffers (4 bytes a parameter:
-        gradients of many micro-batches summed and reduced in half precision would lose their bits)."""
+        gradients of many micro-batches summed and reduced in half precision would lose their bits).
+        At ``tp`` >= 2, one shard's: each device's parameters at that degree."""
+        shards = [self.profile.blocks[b].shard(tp) for b in blocks]
         if self.profile.dtype in ("fp16", "bf16"):
-            return 4.0 * sum(self.profile.blocks[b].params for b in blocks)
-        return sum(self.profile.blocks[b].param_bytes for b in blocks)
+            return 4.0 * sum(s.params for s in shards)
+        return sum(s.param_bytes for s in shards)
 
     def network_link(self, node_a: str, node_b: str) -> Link:
         """The path between two nodes as one stream sees it: the inter-node link, capped by the
@@ -126,7 +222,24 @@ class CostModel:
             return min(flat, inside + between)
         return flat
 
-    def optimizer_step(self, device: Device, start: int, end: int) -> float:
-        """Seconds of the optimizer step for the parameters of blocks ``[start, end)``."""
-        params = sum(b.params for b in self.profile.blocks[start:end])
+    def reduce_scatter(self, nbytes: float, devices: list[Device]) -> float:
+        """ZeRO-1's reduce-scatter of a group's gradients: the first half of a ring all-reduce,
+        ``(n-1)/n · bytes / bandwidth + (n-1) · latency`` on its slowest link (and half of the
+        hierarchical variant where that is faster): :meth:`allreduce` / 2."""
+        return self.allreduce(nbytes, devices) / 2.0
+
+    def all_gather(self, nbytes: float, devices: list[Device]) -> float:
+        """ZeRO-1's all-gather of the updated parameters: the second half of a ring all-reduce of
+        the same bytes (:meth:`allreduce` / 2)."""
+        return self.allreduce(nbytes, devices) / 2.0
+
+    def optimizer_step(
+        self, device: Device, start: int, end: int, *, tp: int = 1, holders: dict[int, int] | None = None
+    ) -> float:
+        """Seconds of the optimizer step for the parameters of blocks ``[start, end)`` this device
+        holds at degree ``tp``; with ZeRO-1, ``holders[b]`` devices share block ``b``'s step."""
+        params = 0.0
+        for b in range(start, end):
+            share = self.profile.blocks[b].shard(tp).params
+            params += share / (holders.get(b, 1) if holders else 1)
         return params * OPTIMIZER_STEP_BYTES[self.optimizer] / device.type.memory_bandwidth

@@ -32,15 +32,31 @@ The walk follows the schedule as it actually runs: 1F1B stage ``s`` of ``S`` hol
 workspaces, NCCL buffers) and allocator fragmentation come from the catalog
 (:class:`hetplan.contracts.catalog.DeviceType`): the plan fits when ``tensors x (1 + fragmentation) +
 reserve <= memory``.
+
+Tensor parallelism, recomputation and ZeRO-1 (:func:`stage_terms` gives the per-sample terms the
+walk and the search's tables share, so the two agree by construction):
+
+* a member of a degree-``t`` group holds each block's degree-``t`` shard: its parameters (weights,
+  gradients, master copy and optimizer state follow them) and activations per the profile
+  (Korthikanti et al. 2022: s·h·(10 + 24/t + 5·a·s/(h·t)) per layer at 2 bytes, no sequence
+  parallelism); boundary tensors stay whole (every member holds the whole stage output);
+* ``recompute: selective`` keeps each block's activations less its ``selective_bytes`` (the
+  attention internals), and restores them for one block during its backward; ``full`` keeps only
+  each block's input (one per block per in-flight micro-batch: per-block checkpointing, as
+  Megatron's full/uniform recomputation of one layer at a time) and restores one block's full
+  activations during its backward;
+* ZeRO-1 (``zero_holders``): optimizer state and the fp32 master copy of a block are divided by the
+  holders of its gradient group (Rajbhandari et al. 2020, stage 1); gradients stay whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from hetplan.contracts.catalog import DeviceType
 from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan
 from hetplan.schedule.actions import Kind
 from hetplan.schedule.compile import CompiledPlan, DeviceProgram
 
@@ -49,8 +65,10 @@ __all__ = [
     "MIXED_PRECISION",
     "OPTIMIZER_STATE_BYTES",
     "MemoryUse",
+    "StageTerms",
     "device_memory",
     "plan_memory",
+    "stage_terms",
     "static_bytes_per_param",
 ]
 
@@ -105,6 +123,62 @@ class MemoryUse:
         return self.capacity - self.total
 
 
+@dataclass(frozen=True)
+class StageTerms:
+    """Per-device figures of blocks ``[start, end)`` at one degree and recomputation (bytes)."""
+
+    params: float  # parameters this device holds
+    weights: float  # their bytes at the profile's dtype
+    held_per_sample: float  # kept from a forward to its backward: saved activations + the output
+    workspace: float  # per sample, during a backward: restored activations + gradient workspace
+    grad_in: float  # per sample: the gradient received for the output (0 on the last stage)
+    grad_out: float  # per sample: the gradient sent back for the input (0 on the first stage)
+
+
+def stage_terms(profile: ModelProfile, start: int, end: int, *, tp: int = 1, recompute: str = "none") -> StageTerms:
+    """What a member of a degree-``tp`` group holding blocks ``[start, end)`` keeps, per sample."""
+    shards = [profile.shard(b, tp) for b in range(start, end)]
+    out_bytes = profile.blocks[end - 1].output_bytes
+    if recompute == "full":  # each block's input, one per block (per-block checkpoints)
+        inputs = [profile.blocks[b - 1].output_bytes if b > 0 else profile.input_bytes for b in range(start, end)]
+        saved = sum(inputs)
+        workspace = max((2.0 * sh.activation_bytes for sh in shards), default=0.0)
+    elif recompute == "selective":  # the attention internals dropped, restored one block at a time
+        saved = sum(sh.activation_bytes - sh.selective_bytes for sh in shards)
+        workspace = max((sh.activation_bytes + sh.selective_bytes for sh in shards), default=0.0)
+    else:
+        saved = sum(sh.activation_bytes for sh in shards)
+        # the backward through a block materialises gradients about the size of what it saved
+        workspace = max((sh.activation_bytes for sh in shards), default=0.0)
+    return StageTerms(
+        params=float(sum(sh.params for sh in shards)),
+        weights=float(sum(sh.param_bytes for sh in shards)),
+        held_per_sample=saved + out_bytes,
+        workspace=workspace,
+        grad_in=0.0 if end == len(profile.blocks) else out_bytes,
+        grad_out=0.0 if start == 0 else profile.blocks[start - 1].output_bytes,
+    )
+
+
+def optimizer_bytes(
+    profile: ModelProfile,
+    start: int,
+    end: int,
+    *,
+    optimizer: str,
+    dtype: str,
+    tp: int = 1,
+    holders: Mapping[int, int] | None = None,
+) -> float:
+    """Optimizer state and, for fp16/bf16, the fp32 master copy of blocks ``[start, end)`` on one
+    device: each block's share at degree ``tp``, divided by its ZeRO-1 ``holders`` (default 1)."""
+    per_param = OPTIMIZER_STATE_BYTES[optimizer] + (FP32_BYTES if dtype in MIXED_PRECISION else 0.0)
+    total = 0.0
+    for b in range(start, end):
+        total += per_param * profile.shard(b, tp).params / ((holders or {}).get(b, 1))
+    return total
+
+
 def device_memory(
     program: DeviceProgram,
     profile: ModelProfile,
@@ -113,34 +187,31 @@ def device_memory(
     device_type: DeviceType,
     reduced_blocks: Collection[int] = (),
     dtype: str | None = None,
+    recompute: str = "none",
+    zero_holders: Mapping[int, int] | None = None,
 ) -> MemoryUse:
     """Peak memory of one device running ``program`` (``reduced_blocks``: its blocks that are
-    all-reduced with other devices, whose gradients pass through a flat bucket)."""
+    all-reduced with other devices, whose gradients pass through a flat bucket; ``recompute``: its
+    stage's; ``zero_holders``: with ZeRO-1, block -> the devices its optimizer state is sharded over)."""
     dtype = dtype or profile.dtype
     mixed = dtype in MIXED_PRECISION
-    blocks = profile.blocks[program.start : program.end]
-    params = float(sum(b.params for b in blocks))
-    weight_bytes = float(sum(b.param_bytes for b in blocks))
+    tp = program.tensor_parallel
+    terms = stage_terms(profile, program.start, program.end, tp=tp, recompute=recompute)
+    params, weight_bytes = terms.params, terms.weights
     gradients = FP32_BYTES * params if mixed else weight_bytes
-    optimizer_bytes = OPTIMIZER_STATE_BYTES[optimizer] * params + (FP32_BYTES * params if mixed else 0.0)
-    last_stage = program.end == len(profile.blocks)
-    first_stage = program.start == 0
-
-    saved = sum(b.activation_bytes for b in blocks)
-    out_bytes = profile.blocks[program.end - 1].output_bytes
-    held_per_sample = saved + out_bytes
-    grad_in = 0.0 if last_stage else out_bytes  # the gradient received for the output
-    grad_out = 0.0 if first_stage else profile.blocks[program.start - 1].output_bytes  # sent back
+    optimizer_total = optimizer_bytes(
+        profile, program.start, program.end, optimizer=optimizer, dtype=dtype, tp=tp, holders=zero_holders
+    )
+    held_per_sample = terms.held_per_sample
+    grad_in, grad_out, workspace = terms.grad_in, terms.grad_out, terms.workspace
     # fp32 gradients are freed by the step (set to None) and come back with the step's first
     # backward; fp16/bf16 keep their fp32 buffers for the whole run (zeroed, not freed)
     late_grads = 0.0 if mixed else gradients
-    # the backward through a block materialises gradients about the size of what it saved
-    workspace = max((b.activation_bytes for b in blocks), default=0.0)
     reduced = [b for b in range(program.start, program.end) if b in reduced_blocks]
     if mixed:
-        buckets = FP32_BYTES * sum(profile.blocks[b].params for b in reduced)
+        buckets = FP32_BYTES * sum(profile.shard(b, tp).params for b in reduced)
     else:
-        buckets = sum(profile.blocks[b].param_bytes for b in reduced)
+        buckets = sum(profile.shard(b, tp).param_bytes for b in reduced)
 
     held = peak = 0.0
     in_flight = peak_count = 0
@@ -171,7 +242,7 @@ def device_memory(
     return MemoryUse(
         weights=weight_bytes,
         gradients=gradients,
-        optimizer=optimizer_bytes,
+        optimizer=optimizer_total,
         activations=peak,
         reserve=device_type.reserve_bytes,
         capacity=device_type.memory,
@@ -181,14 +252,30 @@ def device_memory(
 
 
 def plan_memory(
-    compiled: CompiledPlan, profile: ModelProfile, cluster, *, optimizer: str, dtype: str | None = None
+    compiled: CompiledPlan,
+    profile: ModelProfile,
+    cluster,
+    *,
+    optimizer: str,
+    dtype: str | None = None,
+    plan: Plan | None = None,
 ) -> dict[str, MemoryUse]:
-    """:func:`device_memory` of every device of a compiled plan (``cluster``: a Cluster)."""
+    """:func:`device_memory` of every device of a compiled plan (``cluster``: a Cluster); ``plan``
+    (the one compiled) gives each stage's ``recompute`` and ``zero`` (without it: none and 0)."""
     reduced: dict[str, set[int]] = {a: set() for a in compiled.programs}
+    holders: dict[str, dict[int, int]] = {a: {} for a in compiled.programs}
+    zero = plan is not None and plan.zero == 1
     for group in compiled.groups:
         if len(group.devices) > 1:
             for address in group.devices:
                 reduced[address].update(group.blocks)
+                if zero:
+                    holders[address].update(dict.fromkeys(group.blocks, len(group.devices)))
+    recompute = (
+        {(pi, si): s.recompute for pi, p in enumerate(plan.pipelines) for si, s in enumerate(p.stages)}
+        if plan is not None
+        else {}
+    )
     return {
         address: device_memory(
             program,
@@ -197,6 +284,8 @@ def plan_memory(
             device_type=cluster.device(address).type,
             reduced_blocks=reduced[address],
             dtype=dtype,
+            recompute=recompute.get((program.pipeline, program.stage), "none"),
+            zero_holders=holders[address],
         )
         for address, program in compiled.programs.items()
     }

@@ -15,10 +15,26 @@ holder: part-way through each holder's last backward, once that backward has pas
 blocks (the runtime issues it from gradient hooks, as DDP issues its buckets; a device's
 all-reduces in group order), then the optimizer step, which waits for the device's all-reduces and
 its sends.
+
+Tensor parallelism, recomputation and ZeRO-1 (docs/cost-model.md): a member of a tensor-parallel
+replica runs each F and B at its degree's compute plus its blocks' all-reduces on its node's link
+(:func:`hetplan.simulate.costs.block_costs`), with what its stage's ``recompute`` adds to each B;
+its gradient groups are per shard (one shard's bytes). Sync modes: ``adasum`` and ``topk`` replace
+each group's all-reduce by an all-gather of every holder's contribution (whole, or ``k`` index-value
+pairs); ``wsp`` has no group and each step pays its share of the wave's push and pull through the
+central process; ``sdpipe`` reduces inside each pipeline, each step pays the weight swap with its
+group, and the pipelines run at their own paces (the iteration is the global batch over the sum of
+their rates). What the simulator cannot know: how many more steps stale or sparsified updates need
+(docs/cost-model.md). With ``plan.zero == 1`` each shared group's
+all-reduce becomes a reduce-scatter (issued from the same hooks, half the all-reduce's time), each
+holder steps only its 1/n of the group's parameters, and an all-gather of the updated parameters
+(half an all-reduce) follows once every holder has stepped: it ends the iteration (the next
+iteration's first forward needs the parameters).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -47,6 +63,7 @@ class TaskInfo(NamedTuple):
     micro: int = -1
     peer: str = ""
     group: int = -1
+    op: str = ""  # for a group's collective: "all-reduce" (default), "reduce-scatter", "all-gather"
 
     def __str__(self) -> str:
         where = f"pipeline {self.pipeline} stage {self.stage} on {self.device}"
@@ -55,7 +72,7 @@ class TaskInfo(NamedTuple):
         if self.kind == "send":
             return f"transfer of micro-batch {self.micro} {self.device} -> {self.peer}"
         if self.kind == "allreduce":
-            return f"all-reduce of gradient group {self.group}"
+            return f"{self.op or 'all-reduce'} of gradient group {self.group}"
         return f"optimizer step of {where}"
 
 
@@ -192,7 +209,9 @@ class _Tasks(NamedTuple):
     peer: list[int]  # the receiver of a transfer, the group of an all-reduce; -1 otherwise
 
 
-def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[Engine, _Tasks, dict]:
+def _build(
+    compiled: CompiledPlan, costs: CostModel, cluster: Cluster, plan: Plan | None = None
+) -> tuple[Engine, _Tasks, dict]:
     """Tasks and edges for one iteration; returns the engine, what each task is, and resource capacities.
 
     Task order (and so the engine's tie-breaking): every device's forwards and backwards in
@@ -215,9 +234,14 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
     last_compute: dict[str, int] = {}
     last_backward: dict[str, tuple[int, int]] = {}  # device -> (task, samples) of its last backward
     devices = {a: cluster.device(a) for a in programs}
+    recompute_of = _recompute_of(plan)
+    zero = plan is not None and plan.zero == 1
+    sync = plan.sync if plan is not None else "allreduce"
+    ratio = float(plan.sync_option("ratio")) if sync == "topk" else 1.0
     for row, (address, program) in enumerate(programs.items()):
         device = devices[address]
         pipeline, stage, start, end = program.pipeline, program.stage, program.start, program.end
+        tp, recompute = program.tensor_parallel, recompute_of.get((pipeline, stage), "none")
         f_ids = [-1] * len(program.counts)
         b_ids = [-1] * len(program.counts)
         posted_f = [-1] * len(program.counts)  # the compute before F_j: its receives are posted after it
@@ -239,7 +263,9 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
             key = 2 * samples + backward
             seconds = seconds_of.get(key)
             if seconds is None:
-                seconds = seconds_of[key] = costs.compute(device, start, end, samples, backward=bool(backward))
+                seconds = seconds_of[key] = costs.compute(
+                    device, start, end, samples, backward=bool(backward), tp=tp, recompute=recompute
+                )
             durations.append(seconds)
             if backward:
                 metas.append(new(TaskInfo, ("B", address, pipeline, stage, micro, "", -1)))
@@ -313,11 +339,30 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
 
     done_comm: dict[str, list[int]] = {a: [] for a in programs}
     last_comm: dict[str, int] = {}
+    holders: dict[str, dict[int, int]] = {a: {} for a in programs}  # ZeRO-1: block -> holders sharing its step
+    gathers: list[tuple[int, float]] = []  # ZeRO-1: (group, all-gather seconds)
     for group in compiled.groups:
         if len(group.devices) <= 1:
             continue
-        seconds = costs.allreduce(costs.gradient_bytes(group.blocks), [devices[a] for a in group.devices])
-        t = engine.add_fixed(seconds, TaskInfo("allreduce", group.devices[0], -1, -1, group=group.id))
+        members = [devices[a] for a in group.devices]
+        nbytes = costs.gradient_bytes(group.blocks, tp=group.tensor_parallel)
+        if zero:
+            seconds = costs.reduce_scatter(nbytes, members)
+            info = TaskInfo("allreduce", group.devices[0], -1, -1, group=group.id, op="reduce-scatter")
+            gathers.append((group.id, costs.all_gather(nbytes, members)))
+            for address in group.devices:
+                holders[address].update(dict.fromkeys(group.blocks, len(group.devices)))
+        elif sync in ("adasum", "topk"):
+            # every holder all-gathers every holder's contribution: all of it (Adasum), or k entries
+            # of 8-byte index + 4-byte value (top-k); an all-gather of the n parts
+            n = len(members)
+            part = nbytes if sync == "adasum" else 12.0 * math.ceil(ratio * nbytes / 4.0)
+            seconds = costs.all_gather(n * part, members)
+            info = TaskInfo("allreduce", group.devices[0], -1, -1, group=group.id, op=f"{sync} all-gather")
+        else:
+            seconds = costs.allreduce(nbytes, members)
+            info = TaskInfo("allreduce", group.devices[0], -1, -1, group=group.id)
+        t = engine.add_fixed(seconds, info)
         kinds.append(_AR)
         rows.append(-1)
         peers.append(group.id)
@@ -326,16 +371,31 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
             if address in last_backward:
                 last_b, samples = last_backward[address]
                 lowest = min(b for b in group.blocks if program.start <= b < program.end)
-                per_block = costs.block_times(devices[address], samples, backward=True)
+                per_block = costs.block_times(
+                    devices[address],
+                    samples,
+                    backward=True,
+                    tp=program.tensor_parallel,
+                    recompute=recompute_of.get((program.pipeline, program.stage), "none"),
+                )
                 engine.add_edge(last_b, t, offset=sum(per_block[lowest : program.end]))
             if address in last_comm:
                 engine.add_edge(last_comm[address], t)
             last_comm[address] = t
             done_comm[address].append(t)
 
+    step_of: dict[str, int] = {}
+    exchange = _decentralised_exchange(plan, compiled, costs)
     for row, (address, program) in enumerate(programs.items()):
         info = TaskInfo("step", address, program.pipeline, program.stage)
-        t = engine.add_fixed(costs.optimizer_step(devices[address], program.start, program.end), info)
+        seconds = costs.optimizer_step(
+            devices[address], program.start, program.end, tp=program.tensor_parallel, holders=holders[address]
+        )
+        if plan is not None and plan.sync == "wsp":
+            seconds = 0.0  # the parameter server steps (its own process); the device pushes and pulls
+        seconds += exchange.get(address, 0.0)
+        t = engine.add_fixed(seconds, info)
+        step_of[address] = t
         kinds.append(_STEP)
         rows.append(row)
         peers.append(-1)
@@ -345,7 +405,78 @@ def _build(compiled: CompiledPlan, costs: CostModel, cluster: Cluster) -> tuple[
             engine.add_edge(c, t)
         for c in senders_of.get(address, ()):  # the step waits for the device's sends to complete
             engine.add_edge(c, t)
+
+    last_gather: dict[str, int] = {}
+    for gid, seconds in gathers:  # ZeRO-1: updated parameters gathered once every holder has stepped
+        group = compiled.groups[gid]
+        t = engine.add_fixed(seconds, TaskInfo("allreduce", group.devices[0], -1, -1, group=gid, op="all-gather"))
+        kinds.append(_AR)
+        rows.append(-1)
+        peers.append(gid)
+        for address in group.devices:
+            engine.add_edge(step_of[address], t)
+            if address in last_gather:  # a device's collectives run in group order
+                engine.add_edge(last_gather[address], t)
+            last_gather[address] = t
     return engine, _Tasks(kinds, rows, peers), capacity
+
+
+def _decentralised_exchange(plan: Plan | None, compiled: CompiledPlan, costs: CostModel) -> dict[str, float]:
+    """Seconds each device spends, per step, on the decentralised modes' weight traffic (added to
+    its step): ``wsp`` pushes its gradient and pulls its weights (fp32) through the central process
+    on the first device's node, all devices at once at a wave's end, so every one waits for the
+    whole exchange over the slowest path to that node (amortised over the wave's steps); ``sdpipe``
+    swaps its weights with ``group_size - 1`` counterparts (their links, in parallel)."""
+    if plan is None or plan.sync not in ("wsp", "sdpipe"):
+        return {}
+    programs = compiled.programs
+    nbytes = {a: costs.gradient_bytes(tuple(range(p.start, p.end)), tp=p.tensor_parallel) for a, p in programs.items()}
+    link = costs.cluster.link
+    if plan.sync == "wsp":
+        central = next(iter(programs))  # the central process runs on this device's node
+        slowest = min((link(a, central) for a in programs), key=lambda x: x.bandwidth)
+        seconds = 2.0 * (sum(nbytes.values()) / slowest.bandwidth + slowest.latency)
+        return dict.fromkeys(programs, seconds / int(plan.sync_option("wave")))
+    group = int(plan.sync_option("group_size"))
+    out = {}
+    for a, p in programs.items():
+        peers = [
+            b for b, q in programs.items() if q.pipeline != p.pipeline and (q.stage, q.replica) == (p.stage, p.replica)
+        ]
+        if peers:
+            path = min((link(a, b) for b in peers), key=lambda x: x.bandwidth)
+            out[a] = min(group - 1, len(peers)) * (nbytes[a] / path.bandwidth + path.latency)
+    return out
+
+
+def _recompute_of(plan: Plan | None) -> dict[tuple[int, int], str]:
+    """(pipeline, stage) -> the stage's recomputation, for the stages that recompute."""
+    if plan is None:
+        return {}
+    return {
+        (pi, si): s.recompute
+        for pi, p in enumerate(plan.pipelines)
+        for si, s in enumerate(p.stages)
+        if s.recompute != "none"
+    }
+
+
+def _check_degrees(plan: Plan, profile: ModelProfile, cluster: Cluster) -> None:
+    """Every block of a tensor-parallel stage has its degree, with times for the stage's devices."""
+    for pi, p in enumerate(plan.pipelines):
+        for si, s in enumerate(p.stages):
+            if s.tensor_parallel == 1:
+                continue
+            for b in range(s.start, s.end):
+                for address in dict.fromkeys(s.devices):
+                    try:
+                        profile.block_time(b, cluster.device(address).type, 1, s.tensor_parallel)
+                    except HetplanError as exc:
+                        raise HetplanError(
+                            f"{exc.reason} (profile {profile.file or 'in memory'})",
+                            file=plan.file,
+                            field=f"pipelines[{pi}].stages[{si}].tensor_parallel",
+                        ) from None
 
 
 def _critical_path(engine: Engine) -> list[tuple[str, float]]:
@@ -368,7 +499,7 @@ def _critical_path(engine: Engine) -> list[tuple[str, float]]:
         elif info.kind == "send":
             what = f"link {info.device} -> {info.peer}"
         else:
-            what = f"all-reduce of group {info.group}"
+            what = f"{info.op or 'all-reduce'} of group {info.group}"
         lo = engine.start[t]
         spent[what] = spent.get(what, 0.0) + min(engine.end[t], until) - lo
         until = lo
@@ -401,9 +532,10 @@ def _simulate(
     plan: Plan, profile: ModelProfile, cluster: Cluster, *, timeline: bool, compiled: CompiledPlan | None
 ) -> SimResult:
     check_plan(plan, cluster, profile)
+    _check_degrees(plan, profile, cluster)
     compiled = compiled or compile_plan(plan, len(profile.blocks))
     costs = CostModel(profile, cluster, optimizer=plan.optimizer)
-    engine, tasks, capacity = _build(compiled, costs, cluster)
+    engine, tasks, capacity = _build(compiled, costs, cluster, plan)
     iteration = engine.run(capacity)
 
     # per-device and per-stage sums, vectorised (bincount adds in task order, as a loop would)
@@ -423,6 +555,14 @@ def _simulate(
     device_stage = np.asarray([stage_id[key] for key in stage_of], dtype=np.int64)
     send_by_stage = np.bincount(device_stage[row[is_send]], weights=spent[is_send], minlength=len(stage_id)).tolist()
 
+    if plan.sync == "sdpipe":
+        # pipelines meet only to average weights: each runs at its own pace, so the job's rate is the
+        # sum of theirs, and its iteration the time that rate takes for one global batch
+        pipeline_of = np.asarray([p.pipeline for p in compiled.programs.values()], dtype=np.int64)
+        ends = np.zeros(len(plan.pipelines))
+        np.maximum.at(ends, pipeline_of[row[is_step]], end[is_step])
+        rate = sum(p.batch / t for p, t in zip(plan.pipelines, ends, strict=True) if t > 0)
+        iteration = plan.global_batch / rate if rate > 0 else iteration
     busy_mask = is_f | is_b | is_step
     busy = _union_lengths(row[busy_mask], start[busy_mask], end[busy_mask], n_dev)
     index = {a: i for i, a in enumerate(compiled.programs)}
@@ -441,7 +581,7 @@ def _simulate(
 
     devices: dict[str, DeviceStats] = {}
     total_compute = 0.0
-    memory_of = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype)
+    memory_of = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan)
     for i, (address, program) in enumerate(compiled.programs.items()):
         device = cluster.device(address)
         memory = memory_of[address]

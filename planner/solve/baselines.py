@@ -11,6 +11,12 @@
   the real devices.
 * ``data_parallel_equal`` / ``data_parallel_proportional``: every device holds the whole model;
   equal batches, or batches in proportion to device speed (Stannis).
+* ``megatron_uniform``: the fastest of the Megatron-style uniform plans (:func:`uniform_tp_pp_plans`):
+  the same tensor-parallel degree TP and pipeline depth PP everywhere, blocks split evenly, data
+  parallel over the rest with equal batches, ranks placed as Megatron numbers them (TP fastest,
+  then data parallel, then pipeline, over the devices in file order), the first recomputation
+  (none, selective, full) and ZeRO-1 setting (off, on) that fit, and the reference plan's
+  micro-batch size (smaller where it does not fit).
 
 A baseline that cannot fit in memory is reported as such (None).
 """
@@ -28,8 +34,9 @@ from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.errors import HetplanError
 from hetplan.solve.batching import micro_batch_list
 from hetplan.solve.search import Candidate, PlanOptions, search_only, simulate_or_none
+from hetplan.solve.tables import CostTables
 
-__all__ = ["BASELINES", "balanced_cuts", "baseline_plans", "equal_shares"]
+__all__ = ["BASELINES", "balanced_cuts", "baseline_plans", "equal_shares", "uniform_tp_pp_plans"]
 
 BASELINES = (
     "uniform",
@@ -39,6 +46,7 @@ BASELINES = (
     "homogeneous_average",
     "data_parallel_equal",
     "data_parallel_proportional",
+    "megatron_uniform",
 )
 
 
@@ -72,11 +80,9 @@ def _recut(reference: Plan, cuts_for: list[list[int]], shares: list[int]) -> Pla
     pipes = []
     for p, cuts, batch in zip(reference.pipelines, cuts_for, shares, strict=True):
         m = max(p.micro_batches)
-        stages = tuple(Stage(cuts[i], cuts[i + 1], s.devices, s.shares) for i, s in enumerate(p.stages))
+        stages = tuple(replace(s, start=cuts[i], end=cuts[i + 1]) for i, s in enumerate(p.stages))
         pipes.append(Pipeline(batch, micro_batch_list(batch, min(m, batch)), stages))
-    return Plan(
-        global_batch=reference.global_batch, pipelines=pipes, schedule=reference.schedule, optimizer=reference.optimizer
-    )
+    return replace(reference, pipelines=pipes, predicted={}, baselines={}, details={})
 
 
 def _homogeneous_inputs(profile: ModelProfile, cluster: Cluster, mode: str) -> tuple[ModelProfile, Cluster]:
@@ -210,6 +216,9 @@ def baseline_plans(
         except HetplanError:  # nothing fits when every device is taken as that type: a result
             h_plan = None
         score(f"homogeneous_{mode}", h_plan)
+    family = uniform_tp_pp_plans(profile, cluster, opts, reference)
+    fitting = [c for c in family.values() if c is not None]
+    out["megatron_uniform"] = min(fitting, key=lambda c: c.sim.iteration_s) if fitting else None
     sizes = sorted(opts.micro_batch_sizes or (1, 2, 4, 8), reverse=True)
     for name, proportional in (("data_parallel_equal", False), ("data_parallel_proportional", True)):
         # the largest micro-batch (up to 8, or the sizes asked for) at which every device holds the model
@@ -218,3 +227,108 @@ def baseline_plans(
             if out[name] is not None:
                 break
     return out
+
+
+def _megatron_layout(cluster: Cluster, tp: int, pp: int, batch: int) -> list[list[list[str]]] | None:
+    """Devices of each pipeline's stages as Megatron numbers ranks (TP fastest, then data parallel,
+    then pipeline) over the devices in file order; None where TP groups would cross a node or mix types."""
+    devices = list(cluster.devices)
+    replicas = min(len(devices) // (tp * pp), batch)
+    if replicas < 1:
+        return None
+    ranks = devices[: replicas * tp * pp]
+    pipes: list[list[list[str]]] = [[] for _ in range(replicas)]
+    for s in range(pp):
+        for d in range(replicas):
+            group = ranks[(s * replicas + d) * tp : (s * replicas + d + 1) * tp]
+            if len({(x.node, x.type.name) for x in group}) > 1:
+                return None
+            pipes[d].append([x.address for x in group])
+    return pipes
+
+
+def _uniform_plan(
+    layout: list[list[list[str]]], tables: CostTables, opts: PlanOptions, tp: int, m: int, recompute: str, zero: int
+) -> Plan | None:
+    n = tables.n
+    pp = len(layout[0])
+    cuts = [round(i * n / pp) for i in range(pp + 1)]
+    if any(tp not in tables.tp_options(cuts[i], cuts[i + 1]) for i in range(pp)):
+        return None  # a stage holds a block without that degree (an embedding, say)
+    shares = equal_shares(opts.global_batch, len(layout))
+    pipes = [
+        Pipeline(
+            b,
+            micro_batch_list(b, min(m, b)),
+            tuple(
+                Stage(cuts[i], cuts[i + 1], tuple(group), (1.0,), tensor_parallel=tp, recompute=recompute)
+                for i, group in enumerate(stages)
+            ),
+        )
+        for stages, b in zip(layout, shares, strict=True)
+    ]
+    return Plan(
+        global_batch=opts.global_batch, pipelines=pipes, schedule=opts.schedule, optimizer=opts.optimizer, zero=zero
+    )
+
+
+def uniform_tp_pp_plans(
+    profile: ModelProfile, cluster: Cluster, opts: PlanOptions, reference: Plan | None
+) -> dict[str, Candidate | None]:
+    """``"TP t x PP p"`` -> the Megatron-style uniform plan (see the module docstring), scored by the
+    simulator, for every degree the profile has and every depth up to ``opts.max_stages`` and the
+    blocks; None where it does not fit (or cannot be laid out: a TP group across nodes)."""
+    tables = CostTables(profile, cluster, optimizer=opts.optimizer)
+    degrees = sorted({t for b in range(tables.n) for t in tables.tp_options(b, b + 1)})
+    preferred = max(reference.pipelines[0].micro_batches) if reference is not None else 1
+    sizes = sorted({m for m in (opts.micro_batch_sizes or (1, 2, 4, 8)) if m <= preferred} | {1}, reverse=True)
+    out: dict[str, Candidate | None] = {}
+    for tp in degrees:
+        pp = 1
+        while pp <= min(opts.max_stages, tables.n) and tp * pp <= len(cluster.devices):
+            out[f"TP {tp} x PP {pp}"] = _first_fitting(profile, cluster, tables, opts, tp, pp, sizes)
+            pp *= 2
+    return out
+
+
+def _first_fitting(
+    profile: ModelProfile, cluster: Cluster, tables: CostTables, opts: PlanOptions, tp: int, pp: int, sizes: list[int]
+) -> Candidate | None:
+    """The first of (micro-batch size, recomputation, ZeRO) in preference order that fits, scored."""
+    layout = _megatron_layout(cluster, tp, pp, opts.global_batch)
+    if layout is None:
+        return None
+    for m in sizes:
+        for recompute in ("none", "selective", "full"):
+            for zero in (0, 1) if len(layout) > 1 else (0,):
+                plan = _uniform_plan(layout, tables, opts, tp, m, recompute, zero)
+                if plan is None:
+                    return None
+                if not _fits(plan, tables, cluster):
+                    continue  # the closed form first: the memory walk of a large plan is not free
+                sim = simulate_or_none(plan, profile, cluster)
+                if sim is not None:
+                    return Candidate(f"TP {tp} x PP {pp}", plan, float("nan"), sim)
+    return None
+
+
+def _fits(plan: Plan, tables: CostTables, cluster: Cluster) -> bool:
+    """Every stage of the first pipeline fits by :meth:`CostTables.fits` (all pipelines are alike)."""
+    p = plan.pipelines[0]
+    holders = len(plan.pipelines)
+    for si, s in enumerate(p.stages):
+        held = min(len(p.stages) - si, len(p.micro_batches))
+        device = cluster.device(s.devices[0]).type
+        if not tables.fits(
+            device,
+            s.start,
+            s.end,
+            m=max(p.micro_batches),
+            in_flight=held,
+            tp=s.tensor_parallel,
+            recompute=s.recompute,
+            zero_holders=holders if plan.zero else 1,
+            reduced=holders > 1,
+        ):
+            return False
+    return True

@@ -9,10 +9,17 @@ baselines (:mod:`hetplan.solve.baselines`, which may run this search themselves)
 Search, in order:
 
 1. **Structures** (:mod:`hetplan.solve.structures`): which devices form which pipeline, in which order.
-2. **Per structure and micro-batch size**: the exact partition DP for each distinct pipeline
-   (cached: identical pipelines are solved once), batch shares by water-filling on each pipeline's
-   closed-form time (Stannis: a pipeline's share follows its speed), an estimate of the exposed
-   gradient all-reduce. This closed form only *ranks*; it is never reported.
+2. **Per structure**: for each pipeline and micro-batch size, the exact partition DP (cached:
+   identical pipelines are solved once), which also picks each stage's tensor-parallel degree and
+   recomputation (:mod:`hetplan.solve.partition`); batch shares by water-filling on each pipeline's
+   closed-form time, each pipeline at the micro-batch size that is fastest for its share (Stannis: a
+   pipeline's share follows its speed; pipelines may differ in micro-batch size); an estimate of the
+   exposed gradient all-reduce. Every holder of a block must use one TP degree: when the pipelines'
+   own choices disagree, the structure is solved again with each block's degree fixed (to the
+   largest pipeline's choice, and to each single degree) and the best agreeing result is kept.
+   ZeRO-1 is a plan-level choice: tried where memory is tight (no plan fits, or a faster option of
+   some stage did not), kept only when the simulator finds it faster. This closed form only
+   *ranks*; it is never reported.
 3. **Scoring**: the best candidates by that estimate, and every baseline, are simulated; the fastest
    simulated plan that fits in memory wins (ties go to the earlier candidate: deterministic).
 4. **Refinement with the simulator**: startup micro-batch splitting, then moving cuts and samples one
@@ -24,8 +31,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from hetplan.contracts.cluster import Cluster, Link
 from hetplan.contracts.model_profile import ModelProfile
@@ -37,7 +46,8 @@ from hetplan.simulate.memory import plan_memory
 from hetplan.simulate.simulator import SimResult, simulate
 from hetplan.solve.batching import allocate_batch, micro_batch_list, startup_splits
 from hetplan.solve.bounds import compute_lower_bound
-from hetplan.solve.partition import Partition, Slot, partition
+from hetplan.solve.explain import explain_plan
+from hetplan.solve.partition import _NO_PRUNE_LIMIT, Partition, Slot, SlotCosts, default_tp_link, partition
 from hetplan.solve.structures import EXHAUSTIVE_DEVICES, EXHAUSTIVE_STRUCTURES, Structure, candidate_structures
 from hetplan.solve.tables import CostTables
 
@@ -53,7 +63,6 @@ __all__ = [
     "simulate_or_none",
 ]
 
-_NO_LIMIT = 10**9
 _LOCAL_SEARCH_DEVICES = 8  # up to this many devices, refine with simulator-driven hill-climbing
 _REFINED_CANDIDATES = 24  # ... starting from this many of the best simulated candidates,
 _FEW_PIPELINES = 16  # up to this many pipelines, try every startup-splitting variant
@@ -70,6 +79,8 @@ class PlanOptions:
     top_k: int | None = None  # candidates simulated; None: by cluster size
     refine: bool = True
     baselines: bool = True
+    sync: str = "allreduce"  # the plan's sync mode: candidates are re-scored under it (training.py)
+    sync_options: dict[str, float | int] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,6 +89,7 @@ class Candidate:
     plan: Plan
     estimate: float
     sim: SimResult | None = None
+    tight: bool = False  # some stage's faster option did not fit in memory
 
 
 @dataclass
@@ -89,6 +101,7 @@ class PlanResult:
     candidates: list[Candidate] = field(default_factory=list)
     baselines: dict[str, Candidate | None] = field(default_factory=dict)
     structures: int = 0
+    explanations: dict[str, Any] = field(default_factory=dict)  # why each stage's TP / recompute, the ZeRO choice
 
 
 def _slowest_link(cluster: Cluster, a: Slot, b: Slot) -> Link:
@@ -104,23 +117,79 @@ def _signature(cluster: Cluster, slots: tuple[Slot, ...]) -> tuple:
 
 
 def _pipeline_time(part: Partition, m: int) -> Callable[[int], float]:
+    """Closed-form time of ``b`` samples as :func:`micro_batch_list` splits them: full micro-batches
+    of ``m`` at the bottleneck rate after the first fills the pipeline, and a smaller remainder
+    micro-batch priced in proportion to its size (as a whole one where a stage is replicated: a
+    small micro-batch leaves replicas idle, the busy ones take as long)."""
+
     def time(b: int) -> float:
         if b <= m:
-            return part.total * b / m
-        return (math.ceil(b / m) - 1) * part.bottleneck + part.total
+            return part.total * (1.0 if part.replicated else b / m)
+        full, rest = divmod(b, m)
+        # a replicated stage runs a small remainder on fewer replicas, no faster per replica
+        share = (1.0 if rest else 0.0) if part.replicated else rest / m
+        return (full - 1) * part.bottleneck + part.total + share * part.bottleneck
 
     return time
 
 
-def _to_plan(structure: Structure, parts: list[Partition], shares: list[int], m: int, opts: PlanOptions) -> Plan:
+def _fastest(options: list[tuple[Partition, int]], batch: int) -> tuple[Callable[[int], float], np.ndarray]:
+    """A pipeline's time for ``b`` samples (up to ``batch``) at whichever micro-batch size is
+    fastest for ``b`` (the first of equals), and that choice's index, per ``b``: one table."""
+    b = np.arange(batch + 2, dtype=float)
+    smallest = min(m for _, m in options)
+    rows = []
+    for p, m in options:
+        full, rest = np.floor(b / m), np.mod(b, m)
+        share = (rest > 0).astype(float) if p.replicated else rest / m  # as _pipeline_time
+        small = p.total * (np.ones_like(b) if p.replicated else b / m)
+        row = np.where(b <= m, small, (full - 1) * p.bottleneck + p.total + share * p.bottleneck)
+        if m > smallest:  # fewer samples than m run as one smaller micro-batch: a smaller size prices that
+            row[b < m] = np.inf
+        rows.append(row)
+    table = np.array(rows)
+    pick = np.argmin(table, axis=0)
+    best = table[pick, np.arange(batch + 2)]
+    return (lambda k: float(best[k])), pick
+
+
+def _to_plan(
+    structure: Structure, parts: list[Partition], shares: list[int], sizes: list[int], opts: PlanOptions, zero: int
+) -> Plan:
     pipelines = []
-    for slots, part, batch in zip(structure.pipelines, parts, shares, strict=True):
-        stages = tuple(
-            Stage(part.cuts[s], part.cuts[s + 1], tuple(d.address for d in slot.devices), slot.shares)
-            for s, slot in enumerate(slots)
-        )
-        pipelines.append(Pipeline(batch, micro_batch_list(batch, m), stages))
-    return Plan(global_batch=opts.global_batch, pipelines=pipelines, schedule=opts.schedule, optimizer=opts.optimizer)
+    for slots, part, batch, m in zip(structure.pipelines, parts, shares, sizes, strict=True):
+        stages = []
+        for s, slot in enumerate(slots):
+            tp, recompute = part.option(s)
+            stages.append(
+                Stage(
+                    part.cuts[s],
+                    part.cuts[s + 1],
+                    tuple(d.address for d in slot.devices),
+                    slot.replica_shares(tp),
+                    tensor_parallel=tp,
+                    recompute=recompute,
+                )
+            )
+        pipelines.append(Pipeline(batch, micro_batch_list(batch, m), tuple(stages)))
+    return Plan(
+        global_batch=opts.global_batch,
+        pipelines=pipelines,
+        schedule=opts.schedule,
+        optimizer=opts.optimizer,
+        zero=zero,
+    )
+
+
+def block_degrees(plan: Plan) -> dict[int, int] | None:
+    """Each block's TP degree, or None where two holders of a block disagree (the contract forbids it)."""
+    degree: dict[int, int] = {}
+    for p in plan.pipelines:
+        for s in p.stages:
+            for b in range(s.start, s.end):
+                if degree.setdefault(b, s.tensor_parallel) != s.tensor_parallel:
+                    return None
+    return degree
 
 
 class _Search:
@@ -130,24 +199,53 @@ class _Search:
         self.profile, self.cluster, self.opts = profile, cluster, opts
         self.tables = CostTables(profile, cluster, optimizer=opts.optimizer)
         self.costs = CostModel(profile, cluster, optimizer=opts.optimizer)
+        self.slot_costs = SlotCosts(self.tables, default_tp_link(self.tables))
         self.cache: dict[tuple, Partition | None] = {}
+        self.signatures: dict[tuple, tuple] = {}
         sizes = opts.micro_batch_sizes or tuple(2**k for k in range(7))
         self.sizes = tuple(sorted(set(sizes)))
+        n = self.tables.n
+        self.degrees = tuple(sorted({t for b in range(n) for t in self.tables.tp_options(b, b + 1)}))
 
-    def partition_for(self, slots: tuple[Slot, ...], m: int, n_micro: int) -> Partition | None:
-        """The best cuts for one pipeline running ``n_micro`` micro-batches of ``m`` (cached)."""
-        held = n_micro if self.opts.schedule == "gpipe" else _NO_LIMIT
-        key = (_signature(self.cluster, slots), m, held, n_micro)
+    def signature(self, slots: tuple[Slot, ...]) -> tuple:
+        """What a pipeline's partition depends on (types, shares, links), cached by its devices."""
+        key = tuple(tuple(d.address for d in s.devices) for s in slots)
+        if key not in self.signatures:
+            self.signatures[key] = _signature(self.cluster, slots)
+        return self.signatures[key]
+
+    def partition_for(
+        self,
+        slots: tuple[Slot, ...],
+        m: int,
+        n_micro: int,
+        *,
+        pipelines: int = 1,
+        zero: bool = False,
+        allowed: tuple[frozenset[int], ...] | None = None,
+        signature: tuple | None = None,
+    ) -> Partition | None:
+        """The best cuts and stage options for one pipeline running ``n_micro`` micro-batches of ``m`` (cached)."""
+        signature = signature or self.signature(slots)
+        if self.opts.schedule != "gpipe":
+            # 1F1B: past max(stages, _NO_PRUNE_LIMIT + 1) micro-batches neither the memory a stage
+            # holds nor the DP's (lexicographic) objective changes: one answer for all those counts
+            n_micro = min(n_micro, max(len(slots), _NO_PRUNE_LIMIT + 1))
+        key = (signature, m, n_micro, pipelines, zero, allowed)
         if key not in self.cache:
             links = [_slowest_link(self.cluster, a, b) for a, b in itertools.pairwise(slots)]
             self.cache[key] = partition(
                 self.tables,
                 list(slots),
                 m=m,
-                n_micro=held,
+                n_micro=n_micro,  # a stage holds at most this many (1F1B: min(stages left, n_micro))
                 schedule=self.opts.schedule,
                 links=links,
                 objective_micro=n_micro,
+                costs=self.slot_costs,
+                pipelines=pipelines,
+                zero=zero,
+                allowed=allowed,
             )
         return self.cache[key]
 
@@ -157,35 +255,106 @@ class _Search:
             return 0.0
         end = min(p.cuts[1] for p in parts)
         devices = [d for slots in structure.pipelines for d in slots[0].devices]
-        return self.costs.allreduce(self.costs.gradient_bytes(tuple(range(end))), devices)
+        tp = max(p.option(0)[0] for p in parts)
+        return self.costs.allreduce(self.costs.gradient_bytes(tuple(range(end))) / tp, devices[::tp])
 
-    def evaluate(self, structure: Structure) -> Candidate | None:
+    def evaluate(self, structure: Structure) -> list[Candidate]:
+        """The structure's best candidate without ZeRO, and with it where memory is tight."""
+        out: list[Candidate] = []
+        plain = self._agreeing(structure, zero=0)
+        if plain is not None:
+            out.append(plain)
+            if len(self.cluster.devices) <= _LOCAL_SEARCH_DEVICES:
+                # small clusters: every pipeline at each one micro-batch size too, cut for it; the
+                # closed form that picks the size ignores the overlap the simulator sees (a size with
+                # more, smaller micro-batches can win by its pipelining)
+                for m in self.sizes:
+                    alt = self._evaluate(structure, zero=0, allowed=None, only_size=m)
+                    if alt is None or alt.plan.pipelines == plain.plan.pipelines:
+                        continue
+                    if block_degrees(alt.plan) is None:  # holders disagree on a degree: as _agreeing does
+                        alt = self._agreeing(structure, zero=0, only_size=m)
+                    if alt is not None:
+                        out.append(alt)
+        holders = len(structure.pipelines) > 1 or any(len(s.devices) > 1 for p in structure.pipelines for s in p)
+        if holders and (plain is None or plain.tight):
+            zero = self._agreeing(structure, zero=1)
+            if zero is not None:
+                out.append(zero)
+        return out
+
+    def _agreeing(self, structure: Structure, *, zero: int, only_size: int | None = None) -> Candidate | None:
+        """The best candidate in which every holder of a block uses one TP degree."""
+        free = self._evaluate(structure, zero=zero, allowed=None, only_size=only_size)
+        if free is None or len(self.degrees) == 1 or block_degrees(free.plan) is not None:
+            return free
+        n = self.tables.n
+        largest = max(free.plan.pipelines, key=lambda p: p.batch)
+        of_largest = {b: s.tensor_parallel for s in largest.stages for b in range(s.start, s.end)}
+        maps = [tuple(frozenset({of_largest[b]}) for b in range(n))]
+        for t in self.degrees:
+            maps.append(tuple(frozenset({t if t in self.tables.tp_options(b, b + 1) else 1}) for b in range(n)))
+        best: Candidate | None = None
+        for allowed in maps:
+            c = self._evaluate(structure, zero=zero, allowed=allowed, only_size=only_size)
+            if c is not None and block_degrees(c.plan) is not None and (best is None or c.estimate < best.estimate):
+                best = c
+        return best
+
+    def _evaluate(
+        self,
+        structure: Structure,
+        *,
+        zero: int,
+        allowed: tuple[frozenset[int], ...] | None,
+        only_size: int | None = None,
+    ) -> Candidate | None:
         n_pipes = len(structure.pipelines)
         batch = self.opts.global_batch
         if n_pipes > batch:
             return None
-        best: Candidate | None = None
-        for m in self.sizes:
-            if m > max(1, batch // n_pipes) and m != self.sizes[0]:
-                break
-            n_micro = math.ceil(batch / n_pipes / m)
-            parts = [self.partition_for(slots, m, n_micro) for slots in structure.pipelines]
-            if any(p is None for p in parts):
+        # a pipeline may take more than its even share: sizes up to twice that (and what fits a share)
+        even = math.ceil(batch / n_pipes)
+        sizes = [m for i, m in enumerate(self.sizes) if i == 0 or m <= min(2 * even, batch - n_pipes + 1)]
+        if only_size is not None:
+            if only_size not in sizes:
+                return None
+            sizes = [only_size]
+        n_micro = {m: math.ceil(batch / n_pipes / m) for m in sizes}
+        signatures = [self.signature(slots) for slots in structure.pipelines]
+        options: dict[tuple, tuple] = {}  # identical pipelines are solved and tabulated once
+        for slots, sig in zip(structure.pipelines, signatures, strict=True):
+            if sig in options:
                 continue
-            shares = allocate_batch(batch, [_pipeline_time(p, m) for p in parts])
-            # re-cut each pipeline for the number of micro-batches it really got, then re-share
-            exact = [
-                self.partition_for(slots, m, math.ceil(b / m))
-                for slots, b in zip(structure.pipelines, shares, strict=True)
-            ]
-            if all(p is not None for p in exact):
-                parts = exact
-                shares = allocate_batch(batch, [_pipeline_time(p, m) for p in parts])
-            estimate = max(_pipeline_time(p, m)(b) for p, b in zip(parts, shares, strict=True))
-            estimate += self.exposed_sync(structure, parts)
-            if best is None or estimate < best.estimate:
-                best = Candidate(structure.label, _to_plan(structure, parts, shares, m, self.opts), estimate)
-        return best
+            found = []
+            for m in sizes:
+                part = self.partition_for(
+                    slots, m, n_micro[m], pipelines=n_pipes, zero=bool(zero), allowed=allowed, signature=sig
+                )
+                if part is not None:
+                    found.append((part, m))
+            if not found:
+                return None
+            options[sig] = (found, *_fastest(found, batch))  # (only_size: the one size)
+        per_pipe = [options[sig] for sig in signatures]
+        shares = allocate_batch(batch, [time for _, time, _ in per_pipe])
+        chosen = [found[int(pick[b])] for (found, _, pick), b in zip(per_pipe, shares, strict=True)]
+        size_of = [m for _, m in chosen]
+        parts = [p for p, _ in chosen]
+        # re-cut each pipeline for the number of micro-batches it really got, then re-share
+        exact = [
+            self.partition_for(
+                slots, m, math.ceil(b / m), pipelines=n_pipes, zero=bool(zero), allowed=allowed, signature=sig
+            )
+            for slots, b, m, sig in zip(structure.pipelines, shares, size_of, signatures, strict=True)
+        ]
+        if all(p is not None for p in exact):
+            parts = exact
+            shares = allocate_batch(batch, [_pipeline_time(p, m) for p, m in zip(parts, size_of, strict=True)])
+        estimate = max(_pipeline_time(p, m)(b) for p, m, b in zip(parts, size_of, shares, strict=True))
+        estimate += self.exposed_sync(structure, parts)
+        plan = _to_plan(structure, parts, shares, size_of, self.opts, zero)
+        return Candidate(structure.label, plan, estimate, tight=any(p.memory_bound for p in parts))
 
 
 def simulate_or_none(plan: Plan, profile: ModelProfile, cluster: Cluster) -> SimResult | None:
@@ -193,7 +362,7 @@ def simulate_or_none(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Sim
     the memory walk needs only the compiled action lists, the event run is the expensive part)."""
     check_plan(plan, cluster, profile)
     compiled = compile_plan(plan, len(profile.blocks))
-    memory = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype)
+    memory = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan)
     if not all(use.fits for use in memory.values()):
         return None
     return simulate(plan, profile, cluster, compiled=compiled)
@@ -202,8 +371,9 @@ def simulate_or_none(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Sim
 def evaluate_structure(
     profile: ModelProfile, cluster: Cluster, structure: Structure, opts: PlanOptions
 ) -> Candidate | None:
-    """The best candidate plan for one structure (used by tests and baselines)."""
-    return _Search(profile, cluster, opts).evaluate(structure)
+    """The best candidate plan for one structure by the closed form (used by tests and baselines)."""
+    found = _Search(profile, cluster, opts).evaluate(structure)
+    return min(found, key=lambda c: c.estimate) if found else None
 
 
 def _with_micro(plan: Plan, index: int, micro: tuple[int, ...]) -> Plan:
@@ -214,11 +384,12 @@ def _with_micro(plan: Plan, index: int, micro: tuple[int, ...]) -> Plan:
 
 
 def _replace_pipelines(plan: Plan, pipelines: list[Pipeline]) -> Plan:
-    return Plan(global_batch=plan.global_batch, pipelines=pipelines, schedule=plan.schedule, optimizer=plan.optimizer)
+    return replace(plan, pipelines=pipelines)
 
 
-def _moves(plan: Plan, m_of: list[int]) -> list[Plan]:
-    """Neighbouring plans: one cut moved by one block, or one micro-batch of samples moved."""
+def _moves(plan: Plan, m_of: list[int], tables: CostTables) -> list[Plan]:
+    """Neighbouring plans: one cut moved by one block (where both stages keep their TP degree and
+    every block keeps one degree), or one micro-batch of samples moved."""
     out = []
     for pi, p in enumerate(plan.pipelines):
         for si in range(1, len(p.stages)):
@@ -227,11 +398,15 @@ def _moves(plan: Plan, m_of: list[int]) -> list[Plan]:
                 if p.stages[si - 1].start < cut < p.stages[si].end:
                     stages = list(p.stages)
                     a, b = stages[si - 1], stages[si]
-                    stages[si - 1] = Stage(a.start, cut, a.devices, a.shares)
-                    stages[si] = Stage(cut, b.end, b.devices, b.shares)
+                    stages[si - 1] = replace(a, end=cut)
+                    stages[si] = replace(b, start=cut)
+                    if any(s.tensor_parallel not in tables.tp_options(s.start, s.end) for s in stages[si - 1 : si + 1]):
+                        continue
                     pipes = list(plan.pipelines)
                     pipes[pi] = Pipeline(p.batch, p.micro_batches, tuple(stages))
-                    out.append(_replace_pipelines(plan, pipes))
+                    moved = _replace_pipelines(plan, pipes)
+                    if block_degrees(moved) is not None:
+                        out.append(moved)
     for src in range(len(plan.pipelines)):
         for dst in range(len(plan.pipelines)):
             if src == dst or plan.pipelines[src].batch <= 1:
@@ -245,7 +420,13 @@ def _moves(plan: Plan, m_of: list[int]) -> list[Plan]:
 
 
 def _refine(
-    best: Candidate, profile: ModelProfile, cluster: Cluster, *, local_search: bool, budget: list[int] | None = None
+    best: Candidate,
+    profile: ModelProfile,
+    cluster: Cluster,
+    tables: CostTables,
+    *,
+    local_search: bool,
+    budget: list[int] | None = None,
 ) -> Candidate:
     """Startup splitting, then (small plans) hill-climbing on cuts and batch shares.
 
@@ -279,7 +460,7 @@ def _refine(
             step_plan, step_sim = plan, sim
             if budget[0] <= 0:
                 break
-            for trial in _moves(plan, m_of):
+            for trial in _moves(plan, m_of, tables):
                 result = simulate_or_none(trial, profile, cluster)
                 budget[0] -= sim.n_tasks
                 if result is not None and result.iteration_s < step_sim.iteration_s * (1 - 1e-9):
@@ -287,7 +468,7 @@ def _refine(
             if step_plan is plan:
                 break
             plan, sim = step_plan, step_sim
-    return Candidate(best.label, plan, best.estimate, sim)
+    return Candidate(best.label, plan, best.estimate, sim, tight=best.tight)
 
 
 def _infeasible(profile: ModelProfile, cluster: Cluster, opts: PlanOptions, tables: CostTables) -> HetplanError:
@@ -344,9 +525,7 @@ def search_plans(
     )
     candidates: list[Candidate] = []
     for i, structure in enumerate(structures):
-        candidate = search.evaluate(structure)
-        if candidate is not None:
-            candidates.append(candidate)
+        candidates.extend(search.evaluate(structure))
         if progress:
             progress(i + 1, len(structures))
     candidates.sort(key=lambda c: c.estimate)  # stable: ties keep enumeration order
@@ -384,15 +563,16 @@ def best_plan(
     if not pool:
         raise _infeasible(profile, cluster, opts, searched.search.tables)
     best = min(pool, key=lambda c: c.sim.iteration_s)
+    search = searched.search
     if opts.refine:
         # small clusters: hill-climb from the few best simulated candidates, not only the winner; the
         # closed form that picked each one's cuts and shares can misjudge which structure wins
         small = len(cluster.devices) <= _LOCAL_SEARCH_DEVICES
         ranked = sorted(pool, key=lambda c: c.sim.iteration_s)[: _REFINED_CANDIDATES if small else 1]
         budget = [_REFINE_TASKS]  # simulated tasks, shared: deterministic, unlike a time limit
-        refined = [_refine(c, profile, cluster, local_search=small, budget=budget) for c in ranked]
+        refined = [_refine(c, profile, cluster, search.tables, local_search=small, budget=budget) for c in ranked]
         best = min(refined, key=lambda c: c.sim.iteration_s)
-    search = searched.search
+    best, zero_alternative = _settle_zero(best, profile, cluster)
     lower = compute_lower_bound(search.tables, cluster, opts.global_batch, list(search.sizes))
     return PlanResult(
         plan=best.plan,
@@ -402,7 +582,44 @@ def best_plan(
         candidates=searched.scored,
         baselines=baselines,
         structures=searched.structures,
+        explanations=explain_plan(best.plan, search.tables, search.slot_costs, cluster, zero_alternative),
     )
+
+
+def _zero_alternative(plan: Plan, sim: SimResult, profile: ModelProfile, cluster: Cluster) -> dict[str, Any] | None:
+    """The same plan with ZeRO-1 the other way: whether it fits (else the device most over) and its
+    iteration; None where every block has one holder (nothing to shard)."""
+    if len(plan.pipelines) == 1 and not any(s.replicated for s in plan.pipelines[0].stages):
+        return None
+    other = replace(plan, zero=1 - plan.zero)
+    compiled = compile_plan(other, len(profile.blocks))
+    memory = plan_memory(compiled, profile, cluster, optimizer=other.optimizer, dtype=other.dtype, plan=other)
+    over = [(use.total - use.capacity, address, use) for address, use in memory.items() if not use.fits]
+    if over:
+        _, address, use = max(over, key=lambda x: (x[0], x[1]))
+        return {"fits": False, "device": address, "needs": use.total, "capacity": use.capacity}
+    result = simulate(other, profile, cluster, compiled=compiled)
+    return {"fits": True, "iteration_s": result.iteration_s, "this_iteration_s": sim.iteration_s, "sim": result}
+
+
+def _settle_zero(best: Candidate, profile: ModelProfile, cluster: Cluster) -> tuple[Candidate, dict[str, Any] | None]:
+    """Where memory is tight (or ZeRO-1 is on): ZeRO-1 off where it is no slower (it adds collectives
+    and a dependency on every holder), on where the simulator finds it strictly faster; returns the
+    kept candidate and the other way's figures (``{"tight": False}`` where it was not tried)."""
+    single = len(best.plan.pipelines) == 1 and not any(s.replicated for s in best.plan.pipelines[0].stages)
+    if not best.tight and not best.plan.zero:
+        return best, None if single else {"tight": False}
+    alternative = _zero_alternative(best.plan, best.sim, profile, cluster)
+    if alternative is not None and alternative["fits"]:
+        t_other, t_mine = alternative["iteration_s"], best.sim.iteration_s
+        switch = t_other <= t_mine * (1 + 1e-9) if best.plan.zero else t_other < t_mine * (1 - 1e-9)
+        if switch:
+            flipped = replace(best.plan, zero=1 - best.plan.zero)
+            best = Candidate(best.label, flipped, best.estimate, alternative["sim"], tight=best.tight)
+            alternative = _zero_alternative(best.plan, best.sim, profile, cluster)
+    if alternative is not None:
+        alternative.pop("sim", None)
+    return best, alternative
 
 
 def search_only(profile: ModelProfile, cluster: Cluster, opts: PlanOptions) -> PlanResult:
@@ -436,4 +653,5 @@ def plan_details(result: PlanResult, cluster: Cluster) -> dict[str, Any]:
         "structures_searched": result.structures,
         "idle_devices": idle,
         "runners_up": runners,
+        **result.explanations,
     }

@@ -58,30 +58,35 @@ def _classes(devices: list[Device]) -> list[list[Device]]:
     return list(by_key.values())
 
 
-def exhaustive_structures(cluster: Cluster, *, max_stages: int, max_pipelines: int = 10**9) -> Iterator[Structure]:
-    """Every arrangement of a subset of devices into ordered pipelines of single-device stages,
-    one representative per symmetry class."""
+def exhaustive_structures(
+    cluster: Cluster, *, max_stages: int, max_pipelines: int = 10**9, widths: tuple[int, ...] = (1, 2)
+) -> Iterator[Structure]:
+    """Every arrangement of a subset of devices into ordered pipelines of stages, one representative
+    per symmetry class. A stage is ``w`` devices of one class (one type on one node) for each ``w``
+    of ``widths`` the class has room for: replicas, or tensor-parallel groups (the DP chooses)."""
     classes = _classes(list(cluster.devices))
     capacity = [len(c) for c in classes]
+    kinds = [(c, w) for c in range(len(classes)) for w in widths if w <= capacity[c]]
     k = len(classes)
     sequences: list[tuple[int, ...]] = []
     for length in range(1, min(max_stages, sum(capacity)) + 1):
-        for seq in itertools.product(range(k), repeat=length):
-            if all(seq.count(c) <= capacity[c] for c in range(k)):
+        for seq in itertools.product(range(len(kinds)), repeat=length):
+            need = [sum(kinds[x][1] for x in seq if kinds[x][0] == c) for c in range(k)]
+            if all(need[c] <= capacity[c] for c in range(k)):
                 sequences.append(seq)
+    needs = [[sum(kinds[x][1] for x in seq if kinds[x][0] == c) for c in range(k)] for seq in sequences]
 
-    def extend(start: int, used: list[int], chosen: list[tuple[int, ...]]) -> Iterator[list[tuple[int, ...]]]:
+    def extend(start: int, used: list[int], chosen: list[int]) -> Iterator[list[int]]:
         if chosen:
             yield list(chosen)
         if len(chosen) >= max_pipelines:  # each pipeline needs at least one sample of the batch
             return
         for idx in range(start, len(sequences)):
-            seq = sequences[idx]
-            need = [seq.count(c) for c in range(k)]
+            need = needs[idx]
             if all(used[c] + need[c] <= capacity[c] for c in range(k)):
                 for c in range(k):
                     used[c] += need[c]
-                chosen.append(seq)
+                chosen.append(idx)
                 yield from extend(idx, used, chosen)  # idx, not idx + 1: a shape may repeat
                 chosen.pop()
                 for c in range(k):
@@ -90,11 +95,12 @@ def exhaustive_structures(cluster: Cluster, *, max_stages: int, max_pipelines: i
     for multiset in extend(0, [0] * k, []):
         taken = [0] * k
         pipelines = []
-        for seq in multiset:
+        for idx in multiset:
             slots = []
-            for c in seq:
-                slots.append(Slot.of([classes[c][taken[c]]]))
-                taken[c] += 1
+            for x in sequences[idx]:
+                c, w = kinds[x]
+                slots.append(Slot.of(classes[c][taken[c] : taken[c] + w]))
+                taken[c] += w
             pipelines.append(tuple(slots))
         yield Structure(tuple(pipelines), describe(pipelines))
 
@@ -103,9 +109,17 @@ def describe(pipelines: list[tuple[Slot, ...]]) -> str:
     """``2 x [A100-80GB > V100-16GB]``: each distinct pipeline shape with how often it occurs."""
     shapes: dict[str, int] = {}
     for p in pipelines:
-        shape = " > ".join("+".join(d.type.name for d in s.devices) for s in p)
+        shape = " > ".join(_slot_name(s) for s in p)
         shapes[shape] = shapes.get(shape, 0) + 1
     return ", ".join(f"{n} x [{shape}]" for shape, n in shapes.items())
+
+
+def _slot_name(slot: Slot) -> str:
+    """``A100-80GB`` for one device, ``2xA100-80GB`` for a group of one type, else the types joined."""
+    names = [d.type.name for d in slot.devices]
+    if len(names) > 1 and len(set(names)) == 1:
+        return f"{len(names)}x{names[0]}"
+    return "+".join(names)
 
 
 def _divisors(n: int) -> list[int]:
@@ -126,27 +140,30 @@ def structured_families(cluster: Cluster, *, max_stages: int) -> Iterator[Struct
         sizes = sorted({len(c) for c in classes})
         if len(sizes) == 1:
             per_node = sizes[0]
-            for replicas in (1, 2):
-                if per_node % replicas:
-                    continue
-                for stages in _divisors(per_node // replicas):
+            # w devices per stage (replicas or tensor-parallel groups: the DP chooses), S stages a node
+            for width in _divisors(per_node):
+                for stages in _divisors(per_node // width):
                     if stages > max_stages:
                         continue
                     pipes = []
                     for cls in classes:
-                        groups = [cls[i : i + replicas] for i in range(0, len(cls), replicas)]
+                        groups = [cls[i : i + width] for i in range(0, len(cls), width)]
                         for p in range(0, len(groups), stages):
                             pipes.append(tuple(Slot.of(g) for g in groups[p : p + stages]))
-                    shapes.append((f"{type_name}: {stages} stages x{replicas}", pipes))
+                    shapes.append((f"{type_name}: {stages} stages x{width}", pipes))
             # pipelines spanning g nodes of this type (for models that do not fit in one node)
-            span = 2
-            while span <= len(classes) and span * per_node <= max_stages:
-                pipes = []
-                for g in range(0, len(classes) - span + 1, span):
-                    devices = [d for cls in classes[g : g + span] for d in cls]
-                    pipes.append(tuple(Slot.of([d]) for d in devices))
-                shapes.append((f"{type_name}: {span * per_node} stages over {span} nodes", pipes))
-                span *= 2
+            for width in _divisors(per_node):
+                span = 2
+                while span <= len(classes) and span * per_node // width <= max_stages:
+                    pipes = []
+                    for g in range(0, len(classes) - span + 1, span):
+                        groups = [
+                            cls[i : i + width] for cls in classes[g : g + span] for i in range(0, per_node, width)
+                        ]
+                        pipes.append(tuple(Slot.of(grp) for grp in groups))
+                    label = f"{type_name}: {span * per_node // width} stages x{width} over {span} nodes"
+                    shapes.append((label, pipes))
+                    span *= 2
         else:  # uneven nodes: one pipeline per node, and data parallel
             shapes.append((f"{type_name}: a pipeline per node", [tuple(Slot.of([d]) for d in c) for c in classes]))
             shapes.append((f"{type_name}: data parallel", [(Slot.of([d]),) for c in classes for d in c]))
@@ -190,13 +207,16 @@ def _mixed_workers(cluster: Cluster, by_type: dict[str, list[list[Device]]], *, 
     for t in order[1:]:
         pairs = pair_nodes(cluster, [w[-1][0] for w in workers], [cls[0] for cls in by_type[t]])
         workers = [workers[i] + [by_type[t][j]] for i, j in pairs]
-    pipes = []
-    for w in workers:
-        devices = [d for cls in w for d in cls]
-        if len(devices) <= max_stages:
-            pipes.append(tuple(Slot.of([d]) for d in devices))
-    if pipes:
-        yield Structure(tuple(pipes), "mixed virtual workers (a node of each type, paired by ILP)")
+    sizes = {len(cls) for w in workers for cls in w}
+    for width in [w for w in (1, 2, 4, 8) if all(size % w == 0 for size in sizes)]:
+        pipes = []
+        for w in workers:
+            groups = [cls[i : i + width] for cls in w for i in range(0, len(cls), width)]
+            if len(groups) <= max_stages:
+                pipes.append(tuple(Slot.of(g) for g in groups))
+        if pipes:
+            label = "mixed virtual workers (a node of each type, paired by ILP)"
+            yield Structure(tuple(pipes), label + (f", stages x{width}" if width > 1 else ""))
 
 
 def candidate_structures(

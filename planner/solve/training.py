@@ -13,9 +13,14 @@ homogeneous ones) call the search alone.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from hetplan.contracts.cluster import Cluster
 from hetplan.contracts.model_profile import ModelProfile
+from hetplan.contracts.plan import Plan, parse_plan
+from hetplan.errors import HetplanError
+from hetplan.simulate import simulate
+from hetplan.simulate.simulator import SimResult
 from hetplan.solve.baselines import baseline_plans
 from hetplan.solve.search import PlanOptions, PlanResult, best_plan, search_plans
 
@@ -36,4 +41,40 @@ def plan_training(
     if opts.baselines:
         reference = min(searched.scored, key=lambda c: c.sim.iteration_s).plan if searched.scored else None
         baselines = baseline_plans(profile, cluster, opts, reference)
-    return best_plan(searched, baselines, profile, cluster, opts)
+    result = best_plan(searched, baselines, profile, cluster, opts)
+    if opts.sync != "allreduce":
+        result = _for_sync(result, profile, cluster, opts)
+    return result
+
+
+def _for_sync(result: PlanResult, profile: ModelProfile, cluster: Cluster, opts: PlanOptions) -> PlanResult:
+    """The fastest candidate when it synchronises by ``opts.sync``: the winner and every simulated
+    candidate of the search and the baselines, each re-simulated under the mode (the structures,
+    cuts and batch shares are still chosen as for the all-reduce); candidates the mode cannot run
+    (ZeRO-1, tensor-parallel stages for adasum/wsp/sdpipe, differently shaped pipelines for sdpipe)
+    are left out, and if none is left the one-line error says why."""
+    pool = [("plan", result.plan)] + [(c.label, c.plan) for c in result.candidates]
+    pool += [(name, c.plan) for name, c in result.baselines.items() if c is not None]
+    best: tuple[float, str, Plan, SimResult] | None = None
+    reasons: list[str] = []
+    for label, plan in pool:
+        data = plan.to_dict()
+        data["sync"] = opts.sync
+        data["sync_options"] = dict(opts.sync_options)
+        data.setdefault("inputs", {"profile": {"path": "-"}, "cluster": {"path": "-"}})
+        try:
+            moded = parse_plan(data, file=plan.file)
+            moded.inputs = plan.inputs
+            sim = simulate(moded, profile, cluster)
+        except HetplanError as exc:
+            reasons.append(exc.reason)
+            continue
+        if not all(d.memory.fits for d in sim.devices.values()):
+            continue
+        if best is None or sim.iteration_s < best[0]:
+            best = (sim.iteration_s, label, moded, sim)
+    if best is None:
+        why = reasons[0] if reasons else "no candidate fits in memory"
+        raise HetplanError(f"no plan found can run sync {opts.sync}: {why}", field="--sync")
+    _, label, plan, sim = best
+    return replace(result, plan=plan, sim=sim, label=label)

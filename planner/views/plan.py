@@ -14,7 +14,7 @@ from rich.text import Text
 
 from hetplan.contracts.cluster import Cluster
 from hetplan.contracts.model_profile import ModelProfile
-from hetplan.contracts.plan import Plan
+from hetplan.contracts.plan import Plan, Stage
 from hetplan.errors import HetplanError
 from hetplan.profile.trust import Band, time_band
 from hetplan.units import format_bytes, format_time
@@ -63,9 +63,9 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile
         for si, s in enumerate(p.stages):
             names = []
             rooms = []
-            for d, share in zip(s.devices, s.shares, strict=True):
+            for d in s.devices:
                 dev = cluster.device(d)
-                label = f"{d} {dev.type.name}" + (f" ({share:.0%})" if s.replicated else "")
+                label = f"{d} {dev.type.name}" + (f" ({s.share_of(d):.0%})" if s.replicated else "")
                 names.append(label)
                 mem = memory.get(d)
                 if mem:
@@ -77,7 +77,7 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile
                 str(p.batch) if head else "",
                 " ".join(map(str, p.micro_batches)) if head else "",
                 str(si),
-                f"[{s.start}, {s.end})",
+                f"[{s.start}, {s.end})" + _options(s),
                 "\n".join(names),
                 Text("\n").join(rooms) if rooms else "",
             )
@@ -109,9 +109,53 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile
         for r in details["runners_up"]:
             runners.add_row(r["structure"], format_time(r["iteration_s"]), f"{r['slower_by']:.1%}", r["bottleneck"])
         out.append(runners)
+    out.extend(_why_options(details))
     if plan.baselines:
         out.append(compare_table(_rows_from_file(plan, band)))
     return out
+
+
+def _options(stage: Stage) -> str:
+    """`` TP 2, recompute full``: what a stage runs beyond its blocks (empty for the defaults)."""
+    parts = [f"TP {stage.tensor_parallel}"] if stage.tensor_parallel > 1 else []
+    if stage.recompute != "none":
+        parts.append(f"recompute {stage.recompute}")
+    return ("\n" + ", ".join(parts)) if parts else ""
+
+
+def _why_options(details: dict[str, Any]) -> list[Any]:
+    """The search's reasons for each stage's TP degree and recomputation and for the ZeRO choice,
+    as it recorded them in ``details`` (nothing is searched again here)."""
+    out: list[Any] = []
+    stages = details.get("stages") or []
+    if stages:
+        table = Table(title="Why each stage runs as it does (from the search)", title_justify="left")
+        for col in ("pipelines", "stage", "TP", "recompute", "why"):
+            table.add_column(col)
+        for e in stages:
+            table.add_row(
+                _pipelines(e.get("pipelines", [])),
+                str(e.get("stage", "")),
+                str(e.get("tensor_parallel", 1)),
+                str(e.get("recompute", "none")),
+                str(e.get("why", "")),
+            )
+        out.append(table)
+    zero = details.get("zero")
+    if isinstance(zero, dict) and zero.get("why"):
+        out.append(Text(str(zero["why"])))
+    return out
+
+
+def _pipelines(indices: list[int]) -> str:
+    """``0-3, 7``: pipeline indices with runs folded."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _rows_from_file(plan: Plan, band: dict[str, Any] | None = None) -> list[dict[str, Any]]:

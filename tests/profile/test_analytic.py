@@ -194,7 +194,7 @@ def test_parts_add_up_to_the_block_and_split_work_by_kind(family: str) -> None:
 def test_transformer_sub_blocks_have_gemm_attention_and_memory_work() -> None:
     blocks = costs("gpt", {"layers": 1, "hidden": 512, "heads": 8, "seq": 256}, "fp16")
     attn, mlp = blocks[1], blocks[2]
-    assert [p.kind for p in attn.parts] == ["gemm", "attention", "attention", "gemm", "memory"]
+    assert [p.kind for p in attn.parts] == ["gemm", "attention", "attention", "gemm", "memory", "memory"]
     assert [p.kind for p in mlp.parts] == ["gemm", "gemm", "memory"]
     s, h = 256, 512
     assert sum(p.flops for p in attn.parts if p.kind == "attention") == pytest.approx(4 * s * s * h)

@@ -253,7 +253,9 @@ def test_sailor_tensor_parallel_skips_gpu_types_without_it() -> None:
 def test_sailor_fixture_exact_values() -> None:
     profile = import_sailor(FIXTURES / "tiny_sailor.json", model="tiny-gpt")
     assert profile.device_types() == ["A100-40GB", "V100-16GB"]
-    assert profile.source["gpu_types"] == {"A100-40GB": "A100-40", "V100-16GB": "V100-16"}
+    # RTX-3090 has degree-2 times only: it is in the profile's degree 2, not its base
+    assert profile.source["gpu_types"] == {"A100-40GB": "A100-40", "V100-16GB": "V100-16", "RTX-3090": "RTX-3090"}
+    assert set(profile.blocks[1].tensor_parallel[2].times) == {"A100-40GB", "V100-16GB", "RTX-3090"}
     assert profile.source["micro_batches"] == {"A100-40GB": [1, 2], "V100-16GB": [1]}
     assert "RTX-3090: skipped, no micro-batch size at tensor-parallel degree 1" in profile.source["skipped"]
     assert "V100-16 micro-batch 4: no tensor-parallel degree 1 (has 2)" in profile.source["skipped"]

@@ -137,12 +137,14 @@ def test_times_grow_with_the_micro_batch_within_noise() -> None:
 
 def test_two_runs_agree_within_15_percent() -> None:
     """Medians of two back-to-back runs, totalled over blocks and sizes. The machine is shared, so
-    a disagreement is re-measured (up to three pairs) before it counts as a failure."""
+    a disagreement is re-measured (up to five pairs) before it counts as a failure: thread CPU time
+    is not inflated by waiting for a core, but it is by other processes' cache and memory traffic: on
+    a busy 2-core machine about one pair in four disagrees by more than 15% (three pairs: ~2% failing)."""
     model = {"family": "mlp", "config": {"layers": 4, "width": 512, "input": 512, "classes": 10}}
     kw = {"micro_batches": (4, 16), "warmup": 2, "repeat": 7, "threads": 1}
     measure_profile(model, **kw)  # the first measurement of a process pays for allocator warm-up
     ratios = []
-    for _ in range(3):
+    for _ in range(5):
         a = total_time(measure_profile(model, **kw))
         b = total_time(measure_profile(model, **kw))
         ratios.append(max(a, b) / min(a, b))

@@ -120,6 +120,12 @@ class BlockCost:
     kernels: int = 1  # kernels one forward call launches
     bwd_weight_traffic: float | None = None  # per micro-batch; None: 2 x weight_traffic (read W, write dW)
     parts: tuple[Work, ...] = ()  # the same work split by kind; () = one GEMM-like part (see works())
+    # what selective recomputation drops (per sample) and the parts that recompute it (a subset of
+    # ``parts``: the attention core), Korthikanti et al. 2022
+    selective_bytes: float = 0.0
+    recompute_parts: tuple[Work, ...] = ()
+    # per sample: the tensor-parallel all-reduce at the block's end (0 for an unsplit block)
+    allreduce_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.parts:
@@ -179,6 +185,8 @@ def dtype_bytes(dtype: str) -> int:
 BlocksFn = Callable[[dict[str, int], str], list[BlockCost]]
 CheckFn = Callable[[dict[str, int]], None]
 InputBytesFn = Callable[[dict[str, int], str], float]
+#: One device's costs of each block at a tensor-parallel degree (None: the block is not split).
+BlocksAtFn = Callable[[dict[str, int], str, int], "list[BlockCost | None]"]
 
 
 @dataclass(frozen=True)
@@ -196,6 +204,7 @@ class Family:
     build: BlocksFn
     check: CheckFn
     input_bytes: InputBytesFn
+    build_at: BlocksAtFn | None = None  # families that split Megatron-style (gpt, bert); None: no TP
 
     def full_config(self, config: Mapping[str, Any] | None = None) -> dict[str, int]:
         """Defaults overlaid with ``config``; unknown keys and non-positive integers are refused
@@ -206,3 +215,12 @@ class Family:
         """Per-block costs for ``config`` (defaults filled in) at ``dtype``."""
         dtype_bytes(dtype)
         return self.build(self.full_config(config), dtype)
+
+    def blocks_at(self, config: Mapping[str, Any] | None, dtype: str, tp: int) -> list[BlockCost | None]:
+        """One device's costs per block at tensor-parallel degree ``tp`` (None where a block does
+        not split at ``tp``, or the family has no tensor parallelism)."""
+        full = self.full_config(config)
+        if self.build_at is None or tp < 2:
+            return [None] * len(self.build(full, dtype))
+        dtype_bytes(dtype)
+        return self.build_at(full, dtype, tp)

@@ -26,6 +26,7 @@ def _family(name: str, module: ModuleType) -> Family:
         build=module.blocks,
         check=module.check,
         input_bytes=module.input_bytes,
+        build_at=getattr(module, "blocks_at", None),
     )
 
 

@@ -17,6 +17,22 @@ Per sample, s = seq, h = hidden, a = heads, f = ffn (4h), d = bytes per element:
 
 Pre-LN (GPT) and post-LN (BERT) layers cost the same: the LayerNorm only moves to the other end.
 
+Tensor parallelism at degree t (Megatron-LM, Shoeybi et al. 2019; no sequence parallelism): QKV
+and the up projection are column-parallel, the output and down projections row-parallel, so every
+GEMM's split dimension is divided by t (QKV [s, h] x [h, 3h/t], output [s, h/t] x [h/t, h], up
+[s, h] x [h, f/t], down [s, f/t] x [f/t, h]) and attention runs a/t heads; each smaller GEMM is
+priced by the same achieved-efficiency model (fewer tiles, lower saturation: not an ideal 1/t).
+What Megatron does not split stays whole: LayerNorm, the residual dropout and add on s·h, the
+row-parallel bias, the LayerNorm parameters. Per device: params (4h² + 3h)/t + 3h (attention),
+(2h·f + f)/t + 3h (MLP); activations (Korthikanti et al. 2022, Table 2, generalised to d bytes)
+attention s·h·(2d + 1) + 4·s·h·d/t + a·s²·(2d + 1)/t, MLP s·h·(2d + 1) + 2·s·f·d/t, at d = 2 and
+f = 4h together s·h·(10 + 24/t + 5·a·s/(h·t)). Each block ends in one all-reduce of its output,
+s·h·d per sample, in forward (g) and one of its input gradient in backward (f).
+
+Selective recomputation (Korthikanti et al. 2022) drops the attention internals a·s²·(2d + 1)/t
+(softmax output, its dropout mask and output) and recomputes the attention core: QKᵀ, softmax,
+dropout and AV, the ``recompute_parts`` (their forward time is the recompute cost).
+
 Work by kind (each on its own roof, docs/estimates.md): attention = the QKV and output-projection
 GEMMs + the batched per-head QKᵀ and AV matmuls (``attention``) + LayerNorm, head split, softmax,
 dropouts and the residual add (``memory``); MLP = the two GEMMs + LayerNorm, GeLU, dropout and
@@ -28,43 +44,61 @@ from __future__ import annotations
 
 from hetplan.profile.analytic.base import BlockCost, gemm_work, memory_work
 
-__all__ = ["attention_block", "attention_params", "mlp_block", "mlp_params"]
+__all__ = ["attention_block", "attention_params", "mlp_block", "mlp_params", "tp_divides"]
 
 
-def attention_params(hidden: int) -> int:
-    """LayerNorm (2h) + QKV projection (3h² + 3h) + output projection (h² + h)."""
+def tp_divides(tp: int, *, heads: int, ffn: int) -> bool:
+    """Whether degree ``tp`` splits a layer evenly: whole heads and whole MLP columns per device."""
+    return tp >= 1 and heads % tp == 0 and ffn % tp == 0
+
+
+def attention_params(hidden: int, tp: int = 1) -> int:
+    """LayerNorm (2h) + QKV projection (3h² + 3h) + output projection (h² + h); at degree ``tp``
+    one device's: QKV weight and bias and the output weight / tp, LayerNorm and output bias whole."""
     h = hidden
-    return 2 * h + (3 * h * h + 3 * h) + (h * h + h)
+    return 2 * h + (3 * h * h + 3 * h) // tp + (h * h) // tp + h
 
 
-def mlp_params(hidden: int, ffn: int) -> int:
-    """LayerNorm (2h) + up projection (h·f + f) + down projection (f·h + h)."""
+def mlp_params(hidden: int, ffn: int, tp: int = 1) -> int:
+    """LayerNorm (2h) + up projection (h·f + f) + down projection (f·h + h); at degree ``tp`` one
+    device's: the up weight and bias and the down weight / tp, LayerNorm and down bias whole."""
     h, f = hidden, ffn
-    return 2 * h + (h * f + f) + (f * h + h)
+    return 2 * h + (h * f + f) // tp + (f * h) // tp + h
 
 
-def attention_block(name: str, *, seq: int, hidden: int, heads: int, dtype_bytes: int) -> BlockCost:
-    """LayerNorm + QKV + scaled-dot-product attention (with dropout) + output projection + residual."""
-    s, h, a, d = seq, hidden, heads, dtype_bytes
-    params = attention_params(h)
-    flops = 2.0 * s * h * 3 * h + 2.0 * 2 * s * s * h + 2.0 * s * h * h
-    # Korthikanti: LN input, QKV input, Q and K, V, output-projection input (6 tensors of s·h),
-    # the residual dropout mask (s·h, 1 byte); softmax output and its dropout output (a·s² each),
-    # the attention dropout mask (a·s², 1 byte).
-    activation = s * h * (6 * d + 1) + a * s * s * (2 * d + 1)
-    # Unfused forward: LN read+write 2, QKV read 1 write 3, QKᵀ read 2, AV read 1 write 1, out
-    # projection read+write 2, dropout+residual read 2 write 1 (s·h elements: 15); scores written,
-    # softmax read+write, dropout read+write, read by AV (a·s²: 6); two 1-byte masks written.
-    traffic = d * (15 * s * h + 6 * a * s * s) + s * h + a * s * s
+def attention_block(name: str, *, seq: int, hidden: int, heads: int, dtype_bytes: int, tp: int = 1) -> BlockCost:
+    """LayerNorm + QKV + scaled-dot-product attention (with dropout) + output projection + residual;
+    at ``tp`` >= 2 what one device of a Megatron tensor-parallel group does and keeps."""
+    s, h, a, d, t = seq, hidden, heads, dtype_bytes, tp
+    params = attention_params(h, t)
+    flops = (2.0 * s * h * 3 * h + 2.0 * 2 * s * s * h + 2.0 * s * h * h) / t
+    # Korthikanti: LN input, QKV input, the residual dropout mask (whole: s·h·(2d + 1)); Q and K,
+    # V, output-projection input (4 tensors of s·h/t); softmax output and its dropout output
+    # (a·s²/t each), the attention dropout mask (a·s²/t, 1 byte).
+    selective = a * s * s * (2 * d + 1) / t
+    activation = s * h * (2 * d + 1) + 4 * s * h * d / t + selective
+    # Unfused forward: LN read+write 2, out-projection output 1, dropout+residual read 2 write 1
+    # (whole s·h: 6); QKV read 1 (whole) write 3, QKᵀ read 2, AV read 1 write 1, out projection
+    # read 1 (s·h/t: 9, less the whole QKV read); scores written, softmax read+write, dropout
+    # read+write, read by AV (a·s²/t: 6); two 1-byte masks written.
+    traffic = d * (7 * s * h + 8 * s * h / t + 6 * a * s * s / t) + s * h + a * s * s / t
     dh = h // a
+    # softmax and dropout read+write (4·a·s²/t) and the dropout mask: the core's memory-bound kernels
+    core_memory = memory_work(d * 4 * a * s * s / t + a * s * s / t, 2)
+    core = (
+        gemm_work(s, dh, s, d, batch=a / t, weights=False, kind="attention"),  # QKᵀ: reads Q, K; writes a·s²/t
+        gemm_work(s, s, dh, d, batch=a / t, weights=False, kind="attention"),  # AV: reads scores, V; writes s·h/t
+        core_memory,
+    )
     parts = (
-        gemm_work(s, h, 3 * h, d),  # QKV projection: reads s·h, writes 3·s·h
-        gemm_work(s, dh, s, d, batch=a, weights=False, kind="attention"),  # QKᵀ: reads Q, K; writes a·s²
-        gemm_work(s, s, dh, d, batch=a, weights=False, kind="attention"),  # AV: reads a·s², V; writes s·h
-        gemm_work(s, h, h, d),  # output projection
-        # LN read+write, dropout+residual read 2 write 1 (5·s·h); softmax and dropout read+write
-        # (4·a·s²); two 1-byte masks; LN, head split, softmax, dropout, dropout, add
-        memory_work(d * (5 * s * h + 4 * a * s * s) + s * h + a * s * s, 6, weight_traffic=d * (2 * h + 3 * h + h)),
+        gemm_work(s, h, 3 * h / t, d),  # QKV projection (column-parallel): reads s·h, writes 3·s·h/t
+        core[0],
+        core[1],
+        gemm_work(s, h / t, h, d),  # output projection (row-parallel): reads s·h/t, writes s·h
+        core_memory,
+        # LN read+write, dropout+residual read 2 write 1 (5·s·h), the residual mask; LN, head split,
+        # dropout, add; LN weights, the QKV bias (/t) and the output bias read
+        memory_work(d * 5 * s * h + s * h, 4, weight_traffic=d * (2 * h + 3 * h / t + h)),
     )
     return BlockCost(
         name=name,
@@ -79,24 +113,29 @@ def attention_block(name: str, *, seq: int, hidden: int, heads: int, dtype_bytes
         work_items=float(s),
         kernels=10,  # LN, QKV, head split, QKᵀ, softmax, dropout, AV, out, dropout, add
         parts=parts,
+        selective_bytes=float(selective),
+        recompute_parts=core,
+        allreduce_bytes=float(s * h * d) if t > 1 else 0.0,
     )
 
 
-def mlp_block(name: str, *, seq: int, hidden: int, ffn: int, dtype_bytes: int) -> BlockCost:
-    """LayerNorm + up projection + GeLU + down projection + dropout + residual."""
-    s, h, f, d = seq, hidden, ffn, dtype_bytes
-    params = mlp_params(h, f)
-    flops = 2.0 * s * h * f * 2
-    # Korthikanti: LN input, up-projection input (s·h each), GeLU input, down-projection input
-    # (s·f each), dropout mask (s·h, 1 byte).
-    activation = s * (2 * h * d + 2 * f * d + h)
-    # Unfused forward: LN 2·s·h, up s·h + s·f, GeLU 2·s·f, down s·f + s·h, dropout+residual 3·s·h.
-    traffic = d * s * (7 * h + 4 * f) + s * h
+def mlp_block(name: str, *, seq: int, hidden: int, ffn: int, dtype_bytes: int, tp: int = 1) -> BlockCost:
+    """LayerNorm + up projection + GeLU + down projection + dropout + residual; at ``tp`` >= 2 what
+    one device of a Megatron tensor-parallel group does and keeps."""
+    s, h, f, d, t = seq, hidden, ffn, dtype_bytes, tp
+    params = mlp_params(h, f, t)
+    flops = 2.0 * s * h * f * 2 / t
+    # Korthikanti: LN input, up-projection input, dropout mask (whole: s·h·(2d + 1)); GeLU input,
+    # down-projection input (s·f/t each).
+    activation = s * h * (2 * d + 1) + 2 * s * f * d / t
+    # Unfused forward: LN 2·s·h, up s·h + s·f/t, GeLU 2·s·f/t, down s·f/t + s·h, dropout+residual 3·s·h.
+    traffic = d * s * (7 * h + 4 * f / t) + s * h
     parts = (
-        gemm_work(s, h, f, d),  # up projection
-        gemm_work(s, f, h, d),  # down projection
-        # LN read+write 2·s·h, GeLU read+write 2·s·f, dropout+residual 3·s·h, the mask; LN, GeLU, dropout, add
-        memory_work(d * s * (5 * h + 2 * f) + s * h, 4, weight_traffic=d * (2 * h + f + h)),
+        gemm_work(s, h, f / t, d),  # up projection (column-parallel)
+        gemm_work(s, f / t, h, d),  # down projection (row-parallel)
+        # LN read+write 2·s·h, GeLU read+write 2·s·f/t, dropout+residual 3·s·h, the mask; LN, GeLU,
+        # dropout, add; LN weights, the up bias (/t), the down bias
+        memory_work(d * s * (5 * h + 2 * f / t) + s * h, 4, weight_traffic=d * (2 * h + f / t + h)),
     )
     return BlockCost(
         name=name,
@@ -111,4 +150,5 @@ def mlp_block(name: str, *, seq: int, hidden: int, ffn: int, dtype_bytes: int) -
         work_items=float(s),
         kernels=6,  # LN, up, GeLU, down, dropout, add
         parts=parts,
+        allreduce_bytes=float(s * h * d) if t > 1 else 0.0,
     )

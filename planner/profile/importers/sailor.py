@@ -3,13 +3,26 @@
     from hetplan.profile.importers import import_sailor
     profile = import_sailor("sailor/profiles.json", model="OPT-350")          # config found beside it
     profile = import_sailor("profiles.json", model="opt-30", training_config="opt30.json",
-                            gpu_types=["A100-40GB"], tensor_parallel=2)
+                            gpu_types=["A100-40GB"], tensor_parallel=2)     # degree 2's times as the base
+    profile.tp_degrees(1)       # (1, 2, 4): every degree the file has, imported by default
 
 The file is ``model -> gpu_type -> micro_batch_size -> tensor_parallel_degree -> layer_index ->
 [forward_s, backward_s, update_s]``: seconds per micro-batch. Layer 0 is the embedding, the last the
 head, the ``num_layers`` after layer 0 are transformer layers, and any left between them and the head
 (LLaMA's final RMSNorm) are final-norm blocks. Sizes come from the training config (hidden size h,
 sequence s, heads a, vocabulary V), in fp16; docs/importers.md gives every formula.
+
+Tensor parallelism: by default (``tensor_parallel=None``) degree 1 is the profile's base and every
+other degree the file has becomes the transformer layers' per-degree data (``tensor_parallel:
+{t: ...}`` of the profile contract): the file's times at t, and per device the Megatron split's
+params ((12h² + 7h)/t + 6h), activations (Korthikanti et al. 2022: s·h·(10 + 24/t + 5·a·s/(h·t))),
+selective bytes 5·a·s²/t and all-reduce bytes 2·(2·s·h) (the attention's and the MLP's). Sailor
+measured each degree by running Megatron-DeepSpeed layers at that degree on one machine
+(Sailor's docs/PROFILING.md), so its times include the layers' all-reduces on that machine's link:
+the data says ``allreduce_in_time: true`` and the cost model does not add them again. The
+embedding and the head stay whole (degree 1 only, as the analytic profiler has them). A GPU type
+with no degree-1 times appears only in the degrees it has. ``tensor_parallel=t`` keeps the former
+behaviour: degree t's times alone, as the base.
 """
 
 from __future__ import annotations
@@ -21,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hetplan.contracts.catalog import load_catalog
-from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.model_profile import Block, ModelProfile, TensorParallel, Timing
 from hetplan.errors import HetplanError
 from hetplan.profile.importers._common import catalog_name, read_json, require_positive_int
 
@@ -163,6 +176,35 @@ def _layer_sizes(config: _Config, kind: str) -> dict[str, float]:
     raise ValueError(f"unknown Sailor block kind {kind!r}")
 
 
+def _layer_at(config: _Config, tp: int, times: dict[str, dict[int, list[list[float]]]], row: int) -> TensorParallel:
+    """A transformer layer at degree ``tp``, per device (Megatron split, fp16; see the module docstring)."""
+    h, s, a = config.hidden, config.seq, config.heads
+    params = (12 * h * h + 7 * h) // tp + 6 * h
+    return TensorParallel(
+        params=params,
+        param_bytes=float(params * FP16_BYTES),
+        activation_bytes=s * h * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp)),
+        allreduce_bytes=float(2 * FP16_BYTES * s * h),
+        selective_bytes=5.0 * a * s * s / tp,
+        allreduce_in_time=True,
+        times={
+            device: {mb: Timing(fwd=rows[row][0], bwd=rows[row][1], source="imported") for mb, rows in by_mb.items()}
+            for device, by_mb in times.items()
+        },
+    )
+
+
+def _file_degrees(by_gpu: dict[str, Any], chosen: dict[str, str]) -> list[int]:
+    """Every tensor-parallel degree >= 2 the chosen GPU types have at some micro-batch size."""
+    found: set[int] = set()
+    for name in chosen.values():
+        by_mb = by_gpu[name]
+        for by_tp in by_mb.values() if isinstance(by_mb, dict) else ():
+            if isinstance(by_tp, dict):
+                found.update(int(k) for k in by_tp if str(k).isdigit() and int(k) >= 2)
+    return sorted(found)
+
+
 def _layer_kinds(count: int, config: _Config, file: str) -> list[str]:
     """embedding, num_layers transformer layers, final norm(s) if any are left, head."""
     extra = count - 2 - config.layers
@@ -274,7 +316,12 @@ def _collect_times(
     return times, skipped
 
 
-def _blocks(kinds: list[str], config: _Config, times: dict[str, dict[int, list[list[float]]]]) -> list[Block]:
+def _blocks(
+    kinds: list[str],
+    config: _Config,
+    times: dict[str, dict[int, list[list[float]]]],
+    by_degree: dict[int, dict[str, dict[int, list[list[float]]]]] | None = None,
+) -> list[Block]:
     blocks: list[Block] = []
     transformer_index = 0
     for i, kind in enumerate(kinds):
@@ -301,6 +348,10 @@ def _blocks(kinds: list[str], config: _Config, times: dict[str, dict[int, list[l
                     }
                     for device, by_mb in times.items()
                 },
+                selective_bytes=5.0 * config.heads * config.seq * config.seq if kind == "transformer" else 0.0,
+                tensor_parallel={t: _layer_at(config, t, at, i) for t, at in (by_degree or {}).items()}
+                if kind == "transformer"
+                else {},
             )
         )
     return blocks
@@ -323,12 +374,14 @@ def import_sailor(
     model: str,
     gpu_types: list[str] | None = None,
     training_config: str | Path | None = None,
-    tensor_parallel: int = 1,
+    tensor_parallel: int | None = None,
 ) -> ModelProfile:
-    """Read one model of a Sailor ``profiles.json``: every (chosen) GPU type, every micro-batch size."""
+    """Read one model of a Sailor ``profiles.json``: every (chosen) GPU type, every micro-batch size,
+    and (``tensor_parallel=None``) every tensor-parallel degree; an int takes that degree alone."""
     path = Path(path)
     file = str(path)
-    tp = require_positive_int(tensor_parallel, name="tensor_parallel", file=file)
+    every = tensor_parallel is None
+    tp = 1 if every else require_positive_int(tensor_parallel, name="tensor_parallel", file=file)
     data = read_json(path, what="a Sailor profiles.json")
     if not isinstance(data, dict) or not data:
         raise HetplanError(
@@ -342,10 +395,22 @@ def import_sailor(
     chosen = _gpu_selection(by_gpu, gpu_types, file, key)
     times, skipped = _collect_times(by_gpu, chosen, tp, file, key)
     if not times:
+        hint = "; import one degree alone with tensor_parallel= (--tensor-parallel)" if every else ""
         raise HetplanError(
-            f"no chosen GPU type has times at tensor-parallel degree {tp}: {'; '.join(skipped)}", file=file, field=key
+            f"no chosen GPU type has times at tensor-parallel degree {tp}: {'; '.join(skipped)}{hint}",
+            file=file,
+            field=key,
         )
-    counts = {len(rows) for by_mb in times.values() for rows in by_mb.values()}
+    by_degree: dict[int, dict[str, dict[int, list[list[float]]]]] = {}
+    for t in _file_degrees(by_gpu, chosen) if every else ():
+        at, _ = _collect_times(by_gpu, chosen, t, file, key)
+        if at:
+            by_degree[t] = at
+    counts = {
+        len(rows)
+        for by_mb in [*times.values(), *(x for at in by_degree.values() for x in at.values())]
+        for rows in by_mb.values()
+    }
     if len(counts) != 1:
         raise HetplanError(
             f"GPU types / micro-batch sizes disagree on the layer count: {sorted(counts)}", file=file, field=key
@@ -356,13 +421,14 @@ def import_sailor(
         "file": path.name,
         "model": key,
         "training_config": Path(config.file).name,
-        "tensor_parallel": tp,
-        "gpu_types": {canonical: chosen[canonical] for canonical in times},
+        "tensor_parallel": [1, *by_degree] if every else tp,
+        "gpu_types": {c: chosen[c] for c in chosen if c in times or any(c in at for at in by_degree.values())},
         "micro_batches": {device: list(by_mb) for device, by_mb in times.items()},
         "update_s": _update_times(times),
         "skipped": skipped,
-        "assumptions": "fp16 bytes; activations per Korthikanti et al. 2022 s*h*(34+5*a*s/h); "
-        "untied output head (V*h); times are seconds per micro-batch",
+        "assumptions": "fp16 bytes; activations per Korthikanti et al. 2022 s*h*(34+5*a*s/h), at degree t "
+        "s*h*(10+24/t+5*a*s/(h*t)); untied output head (V*h); times are seconds per micro-batch; times at "
+        "degree t >= 2 include the layer's all-reduces (measured so); embedding and head at degree 1 only",
     }
     return ModelProfile(
         model={
@@ -376,7 +442,7 @@ def import_sailor(
             },
         },
         dtype="fp16",
-        blocks=_blocks(kinds, config, times),
+        blocks=_blocks(kinds, config, times, by_degree),
         input_bytes=float(TOKEN_ID_BYTES * config.seq),
         source=source,
     )

@@ -1,0 +1,97 @@
+"""Memory of every block range at once: the search's numpy twin of :meth:`CostTables.stage_memory`.
+
+    terms = range_terms(profile, optimizer="adam", tp=2, recompute="selective", zero_holders=4)
+    need = terms.memory(m=2, in_flight=3, shared=True)     # (n+1) x (n+1) bytes, inf where unusable
+
+The partition DP needs the memory of all n^2 / 2 block ranges for each option; asking
+:meth:`CostTables.stage_memory` range by range costs O(n) per range (it walks the blocks), too slow
+for planning in a second. The peak has the form ``static + max(in_flight m held + m during,
+buckets)``, whose four terms depend on the range, degree, recomputation and ZeRO holders but not on
+the micro-batch or the position in the pipeline, so they are built here once per option from prefix
+sums (and a running maximum for the backward workspace) with the memory walk's formulas
+(:func:`hetplan.simulate.memory.stage_terms`). tests/solve/test_range_memory.py checks every range
+against :meth:`CostTables.stage_memory`, so the two cannot drift apart silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hetplan.contracts.model_profile import ModelProfile
+from hetplan.simulate.memory import FP32_BYTES, MIXED_PRECISION, OPTIMIZER_STATE_BYTES
+
+__all__ = ["RangeTerms", "range_terms"]
+
+
+@dataclass(frozen=True)
+class RangeTerms:
+    """``[i, j]``-indexed matrices (i < j; elsewhere and where a block lacks the degree: unusable)."""
+
+    usable: np.ndarray  # bool
+    static: np.ndarray  # weights, gradients, optimizer state (and fp32 master copy)
+    held: np.ndarray  # per sample, kept from a forward to its backward
+    during: np.ndarray  # per sample, extra during a backward (gradients in and out, workspace)
+    buckets: np.ndarray  # all-reduce buckets of a shared stage
+
+    def memory(self, *, m: int, in_flight: int, shared: bool) -> np.ndarray:
+        """Peak live tensor bytes of one device per range (inf where unusable)."""
+        activations = in_flight * m * self.held + m * self.during
+        if shared:
+            activations = np.maximum(activations, self.buckets)
+        return np.where(self.usable, self.static + activations, np.inf)
+
+
+def _prefix(values: list[float]) -> np.ndarray:
+    return np.concatenate([[0.0], np.cumsum(values)])
+
+
+def range_terms(profile: ModelProfile, *, optimizer: str, tp: int, recompute: str, zero_holders: int) -> RangeTerms:
+    """The four terms of every range at one degree, recomputation and ZeRO-1 sharding."""
+    blocks = profile.blocks
+    n = len(blocks)
+    has = [tp == 1 or tp in b.tensor_parallel for b in blocks]
+    shards = [profile.shard(b, tp) if has[b] else None for b in range(n)]
+    zero = [0.0] * n
+
+    def per_block(get) -> list[float]:
+        return [float(get(sh)) if sh is not None else 0.0 for sh in shards] if shards else zero
+
+    params = _prefix(per_block(lambda sh: sh.params))
+    weights = _prefix(per_block(lambda sh: sh.param_bytes))
+    act = per_block(lambda sh: sh.activation_bytes)
+    sel = per_block(lambda sh: sh.selective_bytes)
+    output = [float(b.output_bytes) for b in blocks]
+    inputs = [output[b - 1] if b > 0 else float(profile.input_bytes) for b in range(n)]
+    if recompute == "full":
+        saved, work = _prefix(inputs), [2.0 * a for a in act]
+    elif recompute == "selective":
+        saved, work = (
+            _prefix([a - s for a, s in zip(act, sel, strict=True)]),
+            [a + s for a, s in zip(act, sel, strict=True)],
+        )
+    else:
+        saved, work = _prefix(act), act
+    mixed = profile.dtype in MIXED_PRECISION
+    per_param = OPTIMIZER_STATE_BYTES[optimizer] + (FP32_BYTES if mixed else 0.0)
+
+    i = np.arange(n + 1)[:, None]
+    j = np.arange(n + 1)[None, :]
+    lack = _prefix([0.0 if h else 1.0 for h in has])
+    usable = (i < j) & (lack[None, :] == lack[:, None])
+    p = params[None, :] - params[:, None]
+    w = weights[None, :] - weights[:, None]
+    gradients = FP32_BYTES * p if mixed else w
+    state = per_param * p / (zero_holders if zero_holders > 1 else 1)
+    static = w + gradients + state
+    out_end = np.concatenate([[0.0], output])  # output of block j - 1, by end j
+    held = saved[None, :] - saved[:, None] + out_end[None, :]
+    # workspace: the largest per-block term of the range, by a running maximum over ends
+    workspace = np.zeros((n + 1, n + 1))
+    for s in range(n):
+        workspace[s, s + 1 :] = np.maximum.accumulate(work[s:])
+    grad_in = np.where(j == n, 0.0, out_end[None, :])
+    grad_out = np.where(i == 0, 0.0, out_end[:, None])
+    during = grad_in + grad_out + workspace
+    return RangeTerms(usable=usable, static=static, held=held, during=during, buckets=gradients)
