@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from hetplan.families.gpt import DEFAULTS, HELP, check
 from hetplan.profile.analytic.base import BlockCost, dtype_bytes, gemm_work, memory_work
-from hetplan.profile.analytic.transformer import attention_block, mlp_block, tp_divides
+from hetplan.profile.analytic.transformer import attention_block, layer_blocks_at, mlp_block
 
 #: The loss runs in fp32 (autocast keeps cross-entropy in fp32 for fp16 and bf16 training).
 FP32 = 4
@@ -103,17 +103,5 @@ def input_bytes(config: dict[str, int], dtype: str) -> float:
 
 
 def blocks_at(config: dict[str, int], dtype: str, tp: int) -> list[BlockCost | None]:
-    """One device's costs of each block at tensor-parallel degree ``tp`` (None: not split). The
-    layers split Megatron-style; the embedding and the head stay whole (no vocabulary-parallel
-    split), so they have degree 1 only. All None where ``tp`` does not divide heads and the MLP."""
-    d = dtype_bytes(dtype)
-    s, h, a = config["seq"], config["hidden"], config["heads"]
-    n_blocks = 2 * config["layers"] + 2
-    if tp < 2 or not tp_divides(tp, heads=a, ffn=4 * h):
-        return [None] * n_blocks
-    out: list[BlockCost | None] = [None]
-    for i in range(config["layers"]):
-        out.append(attention_block(f"layer{i}.attn", seq=s, hidden=h, heads=a, dtype_bytes=d, tp=tp))
-        out.append(mlp_block(f"layer{i}.mlp", seq=s, hidden=h, ffn=4 * h, dtype_bytes=d, tp=tp))
-    out.append(None)
-    return out
+    """One device's costs of each block at degree ``tp`` (the shared transformer rule)."""
+    return layer_blocks_at(config, dtype, tp)

@@ -42,9 +42,9 @@ the published measurements run it; biases and LayerNorm weights are read by the 
 
 from __future__ import annotations
 
-from hetplan.profile.analytic.base import BlockCost, gemm_work, memory_work
+from hetplan.profile.analytic.base import BlockCost, dtype_bytes, gemm_work, memory_work
 
-__all__ = ["attention_block", "attention_params", "mlp_block", "mlp_params", "tp_divides"]
+__all__ = ["attention_block", "attention_params", "layer_blocks_at", "mlp_block", "mlp_params", "tp_divides"]
 
 
 def tp_divides(tp: int, *, heads: int, ffn: int) -> bool:
@@ -152,3 +152,21 @@ def mlp_block(name: str, *, seq: int, hidden: int, ffn: int, dtype_bytes: int, t
         parts=parts,
         allreduce_bytes=float(s * h * d) if t > 1 else 0.0,
     )
+
+
+def layer_blocks_at(config: dict[str, int], dtype: str, tp: int) -> list[BlockCost | None]:
+    """One device's costs of each block of an embedding + layers + head transformer (gpt, bert) at
+    tensor-parallel degree ``tp`` (None: not split). The layers split Megatron-style; the embedding
+    and the head stay whole (no vocabulary-parallel split), so they have degree 1 only. All None
+    where ``tp`` does not divide heads and the MLP."""
+    d = dtype_bytes(dtype)
+    s, h, a = config["seq"], config["hidden"], config["heads"]
+    n_blocks = 2 * config["layers"] + 2
+    if tp < 2 or not tp_divides(tp, heads=a, ffn=4 * h):
+        return [None] * n_blocks
+    out: list[BlockCost | None] = [None]
+    for i in range(config["layers"]):
+        out.append(attention_block(f"layer{i}.attn", seq=s, hidden=h, heads=a, dtype_bytes=d, tp=tp))
+        out.append(mlp_block(f"layer{i}.mlp", seq=s, hidden=h, ffn=4 * h, dtype_bytes=d, tp=tp))
+    out.append(None)
+    return out
