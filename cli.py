@@ -500,22 +500,45 @@ def plan(
     "--with", "others", multiple=True, type=click.Path(dir_okay=False), help="Another plan of the same inputs."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def compare(plan_file: str, others: tuple[str, ...], as_json: bool) -> None:
+@click.option(
+    "--sync-modes",
+    is_flag=True,
+    help="Instead: the plan's pipelines under every sync mode (allreduce, wsp, sdpipe, adasum, topk), per step.",
+)
+@click.option(
+    "--sync-option",
+    "sync_option",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="With --sync-modes: an option for the modes that take it (e.g. ratio=0.05, staleness=2).",
+)
+def compare(
+    plan_file: str, others: tuple[str, ...], as_json: bool, sync_modes: bool, sync_option: tuple[str, ...]
+) -> None:
     """Put a plan beside every baseline (uniform split, DeepSpeed, torchgpipe, homogeneous planners,
     data parallel) and any other plans of the same inputs (--with, e.g. an export), all scored by the
-    same simulator, as ratios.
+    same simulator, as ratios; or (--sync-modes) its pipelines under every sync mode side by side.
 
     \b
     Example:
       hetplan compare plan.yaml
       hetplan compare plan.yaml --with megatron/exported-plan.yaml
+      hetplan compare plan.yaml --sync-modes --sync-option ratio=0.05
     """
     from hetplan.contracts.plan import load_plan, load_plan_inputs
-    from hetplan.solve.compare import compare_rows, same_inputs
-    from hetplan.views.plan import compare_table, with_bands
+    from hetplan.solve.compare import compare_rows, same_inputs, sync_mode_rows
+    from hetplan.views.plan import compare_table, sync_table, with_bands
 
     loaded = load_plan(plan_file)
     loaded_profile, loaded_cluster = load_plan_inputs(loaded)
+    if sync_modes:
+        options = _parse_kwargs(",".join(sync_option), param="--sync-option") if sync_option else {}
+        rows = sync_mode_rows(loaded, loaded_profile, loaded_cluster, options=options)
+        if as_json:
+            _print_json(rows)
+        else:
+            console.print(sync_table(rows))
+        return
     extra = {Path(o).parent.name or Path(o).stem: same_inputs(load_plan(o), loaded) for o in others}
     rows = compare_rows(loaded, loaded_profile, loaded_cluster, others=extra)
     rows = with_bands(rows, loaded, loaded_profile, loaded_cluster)
@@ -527,7 +550,7 @@ def compare(plan_file: str, others: tuple[str, ...], as_json: bool) -> None:
 
 # --------------------------------------------------------------------------- simulate
 @cli.command()
-@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.argument("plan_files", metavar="PLAN [PLAN_B]", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option(
     "--profile",
     "profile_file",
@@ -554,22 +577,52 @@ def compare(plan_file: str, others: tuple[str, ...], as_json: bool) -> None:
     default=None,
     help="Write the iteration as a Chrome trace FILE.json: open it in Perfetto (ui.perfetto.dev) or chrome://tracing.",
 )
+@click.option(
+    "--together",
+    is_flag=True,
+    help="Co-simulate PLAN and PLAN_B on the same GPUs (same cluster; docs/co-scheduling.md).",
+)
+@click.option(
+    "--policy",
+    default="first-come",
+    show_default=True,
+    type=click.Choice(["crossover", "first-come"]),
+    help="With --together: which job computes next on a shared device (first-come: what `launch A B` runs).",
+)
+@click.option(
+    "--iterations",
+    default=6,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="With --together: iterations of the slower job (the steady state leaves out the first third).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def simulate(
-    plan_file: str,
+    plan_files: tuple[str, ...],
     profile_file: str | None,
     cluster_file: str | None,
     timeline: str | None,
     trace: str | None,
+    together: bool,
+    policy: str,
+    iterations: int,
     as_json: bool,
 ) -> None:
-    """Simulate one training iteration of a plan: time, bubble, memory, critical path.
+    """Simulate one training iteration of a plan: time, bubble, memory, critical path. With
+    --together, two plans' jobs sharing the GPUs: each job's steady-state iteration alone and
+    together, the combined samples/s, and the timeline with a row per device and job.
 
     \b
     Examples:
       hetplan simulate plan.yaml --timeline plan.svg
       hetplan simulate plan.yaml --trace plan.trace.json    # one event per task, for Perfetto
+      hetplan simulate a.yaml b.yaml --together --policy crossover --timeline co.svg
     """
+    if together or len(plan_files) > 1:
+        together_args = (plan_files, together, policy, iterations, profile_file or cluster_file)
+        _simulate_together(*together_args, timeline=timeline, trace=trace, as_json=as_json)
+        return
+    plan_file = plan_files[0]
     from hetplan.contracts.plan import load_plan, load_plan_inputs
     from hetplan.simulate import check_memory
     from hetplan.simulate import simulate as run_simulation
@@ -600,6 +653,111 @@ def simulate(
         console.print(f"timeline written to {timeline}")
     if trace:
         console.print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
+
+
+def _simulate_together(
+    plan_files: tuple[str, ...],
+    together: bool,
+    policy: str,
+    iterations: int,
+    overridden: str | None,
+    *,
+    timeline: str | None,
+    trace: str | None,
+    as_json: bool,
+) -> None:
+    """``simulate PLAN_A PLAN_B --together``: the co-simulation, printed."""
+    from hetplan.simulate.together_files import co_simulate_files
+    from hetplan.views import plan_is_emulated
+    from hetplan.views.together import together_renderables
+
+    if not together:
+        raise HetplanError("two plans are simulated only together: add --together (or give one plan)", field="PLAN")
+    if overridden:
+        raise HetplanError("--profile and --cluster replace one plan's inputs; not with --together", field="--together")
+    result, jobs = co_simulate_files(plan_files, policy=policy, iterations=iterations, timeline=timeline, trace=trace)
+    if as_json:
+        _print_json(result.to_json())
+        return
+    emulated = any(plan_is_emulated(j.plan, j.cluster) for j in jobs)
+    _print_all(together_renderables(result, emulated=emulated))
+    if timeline:
+        console.print(f"timeline written to {timeline}")
+    if trace:
+        console.print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
+
+
+@cli.command(name="co-plan")
+@click.argument("profile_a", metavar="PROFILE_A", type=click.Path(dir_okay=False))
+@click.argument("profile_b", metavar="PROFILE_B", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
+@click.option("--batch-a", required=True, type=click.IntRange(min=1), help="Job A's global batch (samples).")
+@click.option("--batch-b", required=True, type=click.IntRange(min=1), help="Job B's global batch (samples).")
+@click.option(
+    "--fairness",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="Neither job's co-run iteration may exceed X times its solo plan's (its best plan alone on the cluster).",
+)
+@click.option(
+    "--policy",
+    default="first-come",
+    show_default=True,
+    type=click.Choice(["both", "crossover", "first-come"]),
+    help="Co-schedule policies to try on shared devices (first-come: what `launch A B` runs).",
+)
+@click.option(
+    "--iterations",
+    default=6,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Iterations of the slower job in each co-simulation.",
+)
+@click.option("--schedule", default="1f1b", show_default=True, type=click.Choice(["1f1b", "gpipe"]))
+@click.option("--optimizer", default="adam", show_default=True, type=click.Choice(["sgd", "momentum", "adam", "adamw"]))
+@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def co_plan(
+    profile_a: str,
+    profile_b: str,
+    cluster_file: str,
+    batch_a: int,
+    batch_b: int,
+    fairness: float,
+    policy: str,
+    iterations: int,
+    schedule: str,
+    optimizer: str,
+    output_dir: str,
+    as_json: bool,
+) -> None:
+    """Plan two training jobs for the same GPUs: both plans and their co-schedule, for the most
+    combined samples/s with neither job's co-run iteration above --fairness (default 2.0) times its
+    solo plan's (the job's best plan alone on the whole cluster). Printed beside the two solo plans
+    one after the other, and side by side on split devices (each job planned on half of every node).
+    Writes DIR/plan-a.yaml, DIR/plan-b.yaml (plan files) and DIR/summary.yaml.
+
+    \b
+    Example:
+      hetplan co-plan gpt.yaml bert.yaml profiles/clusters/rtx-mix.yaml --batch-a 256 --batch-b 256 -o co/
+      hetplan simulate co/plan-a.yaml co/plan-b.yaml --together --timeline co.svg
+    """
+    from hetplan.solve.coplan import CoPlanOptions, co_plan_files
+    from hetplan.views.together import co_plan_renderables
+
+    policies = ("crossover", "first-come") if policy == "both" else (policy,)
+    opts = CoPlanOptions(batch_a, batch_b, fairness, policies, iterations, schedule=schedule, optimizer=optimizer)
+    with err_console.status("co-planning") as status:
+        _, written, data = co_plan_files(
+            profile_a, profile_b, cluster_file, opts, output_dir, progress=lambda text: status.update(text)
+        )
+    if as_json:
+        _print_json(data)
+        return
+    _print_all(co_plan_renderables(data))
+    for path in written:
+        console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 # --------------------------------------------------------------------------- export
@@ -739,6 +897,7 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
 
 @cli.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.argument("plan_b_file", metavar="[PLAN_B]", required=False, default=None, type=click.Path(dir_okay=False))
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option("--log", "log_file", default=None, type=click.Path(dir_okay=False), help="Run log (JSON lines).")
 @click.option("--emulate", is_flag=True, help="Run each rank as its planned device type by its slowdown factor.")
@@ -766,6 +925,7 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
 @_training_options
 def launch(
     plan_file: str,
+    plan_b_file: str | None,
     steps: int,
     log_file: str | None,
     emulate: bool,
@@ -778,26 +938,27 @@ def launch(
     straggler: tuple[str, ...],
     **training: Any,
 ) -> None:
-    """Train a plan here: spawn every rank on this machine (gloo), show progress, summarise.
+    """Train a plan here: spawn every rank on this machine (gloo), show progress, summarise; with a
+    second plan, train both jobs at once on the devices they share, taking turns at each device
+    (one computes while the other communicates; docs/runtime.md), one run log per job.
 
     \b
     Examples:
       hetplan launch plan.yaml --steps 20 --emulate --log run.jsonl
       hetplan launch plan.yaml --steps 200 --data book.txt      # a character-level language model
       hetplan launch plan.yaml --dataset mydata:build --optimizer adamw --clip-grad-norm 1 --warmup-steps 10
+      hetplan launch a.yaml b.yaml --steps 20 --emulate --log run.jsonl   # two jobs: run-a.jsonl, run-b.jsonl
     """
     from hetplan.contracts.emulation import parse_straggler
-    from hetplan.local_job import train_here
+    from hetplan.local_job import train_here, train_together
 
     stragglers = [parse_straggler(text) for text in straggler]
-    loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
+    jobs = [_plan_and_inputs(f) for f in (plan_file, plan_b_file) if f]
     label = " (EMULATED device speeds)" if emulate else ""
-    with _progress(f"training {len(loaded.all_devices())} ranks{label}", console) as bar:
+    ranks = sum(len(plan.all_devices()) for plan, _, _ in jobs)
+    with _progress(f"training {ranks} ranks{label}", console) as bar:
         task = bar.add_task("steps", total=steps)
-        job = train_here(
-            loaded,
-            loaded_profile,
-            loaded_cluster,
+        kwargs: dict[str, Any] = dict(
             steps=steps,
             options=_training(training),
             emulate=emulate,
@@ -811,9 +972,10 @@ def launch(
             progress=lambda done, total: bar.update(task, completed=done),
             stragglers=stragglers,
         )
+        job = train_together(jobs, **kwargs) if len(jobs) > 1 else train_here(*jobs[0], **kwargs)
     console.print(job.summary)
     if log_file:
-        console.print(f"run log: {log_file}")
+        console.print(f"run log: {', '.join(str(x) for x in getattr(job, 'logs', None) or [log_file])}")
 
 
 @cli.command()

@@ -5,7 +5,8 @@ beside Megatron-style uniform plans.
     python benchmarks/bench_plan_tp.py gpt7b     # hetplan vs every uniform TP x PP plan that fits
 
 Prints Markdown tables (docs/benchmarks.md quotes them), the command, and the load average (the
-machine is shared: timings are wall-clock, best of three).
+machine is shared: timings are wall-clock and the process's CPU time, best of three for ``speed``,
+one run for ``gpt7b``).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def run_speed() -> None:
     ]
     for cluster, name, config, batch in cases:
         profile = _gpt(cluster, config)
-        repeat = 3 if len(cluster.devices) <= 32 else 1  # a 512-device run takes minutes here
+        repeat = 3
         search, result = _best_of(
             lambda c=cluster, p=profile, b=batch: plan_training(p, c, PlanOptions(b, baselines=False)), repeat
         )

@@ -7,12 +7,20 @@ What ``hetplan launch`` runs (cli.py only parses and prints). It orchestrates la
 :mod:`hetplan.demo` does: the rank config (:mod:`hetplan.emit`), the checks that should fail once
 here rather than once per rank (a text file, a user dataset), and the local launcher
 (:mod:`hetplan.runtime.launcher`).
+
+    corun = train_together([(plan_a, profile_a, cluster), (plan_b, profile_b, cluster)], steps=20, ...)
+    corun.summary    # one line per job, then their combined samples/s and each shared device's split
+
+``train_together`` runs two plans' jobs at once on the same devices (crossover scheduling: one
+job computes while the other communicates, :mod:`hetplan.runtime.crossover`); each job trains as
+it would alone.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +34,7 @@ from hetplan.contracts.yamlio import write_yaml
 from hetplan.emit import build_rank_config
 from hetplan.errors import HetplanError
 
-__all__ = ["LocalJob", "TrainingOptions", "train_here"]
+__all__ = ["CoRun", "LocalJob", "TrainingOptions", "train_here", "train_together"]
 
 
 @dataclass(frozen=True)
@@ -147,14 +155,207 @@ def train_here(
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     ranks = len(config["devices"])
-    losses = [r["loss"] for r in result.records if r["rank"] == 0]
-    steps_seen = sorted({r["step"] for r in result.records})
-    iters = sorted(max(r["iteration_s"] for r in result.records if r["step"] == s) for s in steps_seen)
-    median = iters[len(iters) // 2] if iters else float("nan")
+    return LocalJob(records=result.records, ranks=ranks, summary=_summary(plan, result.records, ranks, emulate))
+
+
+def _median_iteration(records: list[dict[str, Any]]) -> float:
+    """The median over steps of the slowest rank's iteration (a step lasts as long as that)."""
+    steps_seen = sorted({r["step"] for r in records})
+    iters = sorted(max(r["iteration_s"] for r in records if r["step"] == s) for s in steps_seen)
+    return iters[len(iters) // 2] if iters else float("nan")
+
+
+def _summary(plan: Plan, records: list[dict[str, Any]], ranks: int, emulate: bool) -> str:
+    losses = [r["loss"] for r in records if r["rank"] == 0]
+    median = _median_iteration(records)
     label = " (EMULATED device speeds)" if emulate else ""
-    summary = (
+    predicted = plan.predicted.get("iteration_s") if plan.predicted else None
+    return (
         f"trained {len(losses)} steps on {ranks} ranks{label}: loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
-        f"median iteration {median * 1e3:.1f} ms ({plan.global_batch / median:.1f} samples/s); predicted "
-        f"{plan.predicted.get('iteration_s', float('nan')) * 1e3:.1f} ms"
+        f"median iteration {median * 1e3:.1f} ms ({plan.global_batch / median:.1f} samples/s)"
+        + (f"; predicted {predicted * 1e3:.1f} ms" if predicted is not None else "")
     )
-    return LocalJob(records=result.records, ranks=ranks, summary=summary)
+
+
+# -- two jobs on the same devices -------------------------------------------------------------------
+
+#: The co-run jobs' names, in the order their plans are given (run logs, folders, messages).
+JOB_NAMES = ("a", "b")
+
+
+@dataclass
+class CoRun:
+    """What :func:`train_together` did: each job as :func:`train_here` reports it, and the turns."""
+
+    jobs: list[LocalJob]
+    #: per device, the moments each job held it: ``(job, start, end)`` in monotonic seconds
+    turns: dict[str, list[tuple[str, float, float]]]
+    wall_s: float
+    summary: str
+    #: each job's run log (None: not written)
+    logs: list[str | None] = field(default_factory=list)
+
+
+def _per_job(value: str | Path | Sequence[str | Path] | None, what: str, *, file: bool) -> list[str | None]:
+    """One path per job: a pair as given; one path made two (``run.jsonl`` -> ``run-a.jsonl``,
+    ``run-b.jsonl``; a folder ``ckpt`` -> ``ckpt/a``, ``ckpt/b``); None for none."""
+    if value is None:
+        return [None] * len(JOB_NAMES)
+    if isinstance(value, (str, Path)):
+        path = Path(value)
+        if file:
+            return [str(path.with_name(f"{path.stem}-{n}{path.suffix}")) for n in JOB_NAMES]
+        return [str(path / n) for n in JOB_NAMES]
+    values = [str(v) if v is not None else None for v in value]
+    if len(values) != len(JOB_NAMES):
+        raise HetplanError(f"expected one per job ({len(JOB_NAMES)}), got {len(values)}", field=what)
+    return values
+
+
+def _check_co_runnable(jobs: Sequence[tuple[Plan, ModelProfile, Cluster]]) -> None:
+    """Jobs share a device by its address: the address must be the same device in every job's
+    cluster (else the turn would serialise two different devices, or emulate one at two speeds).
+    Tensor-parallel stages are refused (their collectives run inside compute, which holds the turn:
+    see :mod:`hetplan.runtime.crossover`)."""
+    seen: dict[str, tuple[str, float, str]] = {}
+    for (plan, _, cluster), name in zip(jobs, JOB_NAMES, strict=False):
+        for i, pipe in enumerate(plan.pipelines):
+            for j, stage in enumerate(pipe.stages):
+                if stage.tensor_parallel > 1:
+                    raise HetplanError(
+                        "co-running a tensor-parallel stage is not built (its collectives run inside compute, "
+                        "which holds the device's turn)",
+                        file=plan.file,
+                        field=f"pipelines[{i}].stages[{j}].tensor_parallel",
+                    )
+        kinds = {d.address: d.type for d in cluster.devices}
+        for address in plan.all_devices():
+            kind = kinds.get(address)
+            if kind is None:
+                continue  # build_rank_config says so, with the plan's own words
+            mine = (kind.name, kind.slowdown if kind.emulated else 1.0, name)
+            other = seen.setdefault(address, mine)
+            if other[:2] != mine[:2]:
+                raise HetplanError(
+                    f"device {address} is a {other[0]} (slowdown {other[1]:g}) in job {other[2]}'s cluster and a "
+                    f"{mine[0]} (slowdown {mine[1]:g}) in job {name}'s: co-run jobs share devices by address, so "
+                    "plan both on the same cluster",
+                    file=plan.file,
+                    field="devices",
+                )
+
+
+def train_together(
+    jobs: Sequence[tuple[Plan, ModelProfile, Cluster]],
+    *,
+    steps: int,
+    options: TrainingOptions | Sequence[TrainingOptions],
+    emulate: bool = False,
+    log: str | Path | Sequence[str | Path] | None = None,
+    save: str | Path | Sequence[str | Path] | None = None,
+    save_every: int | None = None,
+    keep_last: int | None = None,
+    resume: str | Path | Sequence[str | Path] | None = None,
+    resume_step: int | None = None,
+    threads: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+    stragglers: Sequence[Straggler] = (),
+    stall_s: float | None = None,
+    kill_rank_after: tuple[int, int, float] | None = None,
+) -> CoRun:
+    """Train two plans' jobs at once on this machine, sharing the devices they both use.
+
+    ``jobs``: two ``(plan, profile, cluster)``, named ``a`` and ``b`` in that order (the CLI's
+    ``_plan_and_inputs`` gives one per plan file). Each job is its own torchrun group with its own
+    run folder and run log, and trains exactly as :func:`train_here` would train it alone; the ranks
+    of the two jobs on one device take turns at it (:mod:`hetplan.runtime.crossover`): a rank holds
+    the turn while it computes and lets go while it communicates, so one job's communication hides
+    behind the other's compute. The options are :func:`train_here`'s, for both jobs (``options``
+    may also be one per job: two jobs may train with different seeds, rates, data): ``log`` one
+    path (``run.jsonl`` -> ``run-a.jsonl`` and ``run-b.jsonl``) or one per job; ``save`` and
+    ``resume`` one folder (``DIR/a``, ``DIR/b``) or one per job; a straggler slows its device for
+    every job that uses it. ``progress(done, steps)`` follows the slower job. A failure of either
+    job stops both, with one line per job. ``kill_rank_after=(job index, rank, seconds)`` is for
+    fault tests.
+    """
+    from hetplan.runtime.crossover import launch_together, read_turn_traces
+
+    if len(jobs) != len(JOB_NAMES):
+        raise HetplanError(f"expected {len(JOB_NAMES)} plans to co-run, got {len(jobs)}", field="PLAN")
+    _check_co_runnable(jobs)
+    logs = _per_job(log, "--log", file=True)
+    saves = _per_job(save, "--save", file=False)
+    resumes = _per_job(resume, "--resume", file=False)
+    if stragglers and not emulate:
+        raise HetplanError("stragglers are emulation: add --emulate", field="--straggler")
+    used = {a for plan, _, _ in jobs for a in plan.all_devices()}
+    for s in stragglers:
+        if s.device not in used:
+            raise HetplanError(f"device {s.device} is not in either plan (their devices: "
+                               f"{', '.join(sorted(used))})", field="--straggler")  # fmt: skip
+    per_job = [options] * len(jobs) if isinstance(options, TrainingOptions) else list(options)
+    if len(per_job) != len(jobs):
+        raise HetplanError(f"expected one set of training options per job ({len(jobs)}), got {len(per_job)}")
+    folder = Path(tempfile.mkdtemp(prefix="hetplan-corun-"))
+    turns = folder / "turns"
+    try:
+        paths, configs = [], []
+        for (plan, profile, cluster), job_options in zip(jobs, per_job, strict=True):
+            job_options = _check_inputs(profile, plan, job_options)
+            config = build_rank_config(plan, profile, cluster, backend="gloo", **job_options.rank_config_kwargs())
+            add_stragglers(config, [s for s in stragglers if s.device in plan.all_devices()], emulate=emulate)
+            configs.append(config)
+        ranks = sum(len(c["devices"]) for c in configs)  # the start line: every device rank of both jobs
+        for config, name in zip(configs, JOB_NAMES, strict=True):
+            config["crossover"] = {"turns": str(turns), "job": name, "ranks": ranks}
+            write_yaml(config, folder / f"rank-config-{name}.yaml")
+            paths.append(folder / f"rank-config-{name}.yaml")
+        start = time.time()
+        results = launch_together(
+            paths,
+            steps=steps,
+            names=JOB_NAMES,
+            logs=logs,
+            emulate=emulate,
+            saves=saves,
+            save_every=save_every,
+            keep_last=keep_last,
+            resumes=resumes,
+            resume_step=resume_step,
+            threads=threads,
+            progress=progress,
+            stall_s=stall_s,
+            kill_rank_after=kill_rank_after,
+        )
+        wall = time.time() - start
+        held = read_turn_traces(turns)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    done = []
+    for (plan, _, _), config, result in zip(jobs, configs, results, strict=True):
+        ranks = len(config["devices"])
+        done.append(
+            LocalJob(records=result.records, ranks=ranks, summary=_summary(plan, result.records, ranks, emulate))
+        )
+    return CoRun(jobs=done, turns=held, wall_s=wall, summary=_corun_summary(jobs, done, held), logs=logs)
+
+
+def _corun_summary(
+    jobs: Sequence[tuple[Plan, ModelProfile, Cluster]], done: list[LocalJob], held: dict[str, list]
+) -> str:
+    """One line per job, then the two together: samples/s from each job's median iteration while
+    co-running, and how much of the shared devices' time each job held them."""
+    lines = [f"job {name}: co-run, {job.summary}" for name, job in zip(JOB_NAMES, done, strict=True)]
+    rate = sum(plan.global_batch / _median_iteration(job.records) for (plan, _, _), job in zip(jobs, done, strict=True))
+    shared = sorted(d for d, rows in held.items() if len({r[0] for r in rows}) > 1)
+    share = []
+    for d in shared:
+        rows = held[d]
+        span = max(r[2] for r in rows) - min(r[1] for r in rows)
+        busy = {n: sum(b - a for j, a, b in rows if j == n) for n in JOB_NAMES}
+        share.append(f"{d} " + "/".join(f"{n} {busy[n] / span:.0%}" for n in JOB_NAMES))
+    lines.append(
+        f"together: {rate:.1f} samples/s (sum of the jobs' median rates); "
+        + (f"devices held (compute) {', '.join(share)}" if share else "no device shared")
+    )
+    return "\n".join(lines)

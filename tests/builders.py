@@ -100,3 +100,17 @@ def zoo_profile(model: dict[str, Any], device_type: str = "cpu") -> ModelProfile
         for n in zoo.block_names()
     ]  # fmt: skip
     return ModelProfile(model=zoo.model, dtype="fp32", blocks=blocks)
+
+
+def run_cli(argv: list[str], capsys: Any) -> tuple[int, str, str]:
+    """Run ``hetplan ARGV`` in-process: (exit code, stdout, stderr), capsys's earlier output dropped."""
+    import pytest
+
+    from hetplan.cli import main
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out, err = capsys.readouterr()
+    code = exc.value.code
+    return (code if isinstance(code, int) else (0 if code is None else 1)), out, err

@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 import pytest
 import yaml
+from builders import run_cli as run
 
 import hetplan.cli as cli
 from hetplan import __version__
-from hetplan.cli import main
 from hetplan.contracts import load_catalog, load_cluster
 from hetplan.contracts.paths import bundled_profiles_dir
 
@@ -23,15 +23,6 @@ CLUSTER_FILES = sorted((PROFILES / "clusters").glob("*.yaml"))
 def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tables as on a wide terminal, so no name is cut short with an ellipsis."""
     monkeypatch.setattr(cli.console, "_width", 250)
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (0 if code is None else code), out, err
 
 
 def test_devices_lists_every_catalog_type(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,10 +14,17 @@ file) or ``dataset`` with ``dataset_kwargs`` (a user's ``module:function``,
 :mod:`hetplan.runtime.dataset`), ``zero`` (the plan's: 0, or 1 for ZeRO-1). A stage's
 ``tensor_parallel`` and ``recompute`` are keys of its entry in ``pipelines``, read by the plan
 contract with the rest of the stage.
+
+The top-level optional ``crossover`` section (absent: the job has its devices to itself) puts the
+job in a co-run (:mod:`hetplan.runtime.crossover`): ``turns`` is a folder shared by the jobs that
+run on the same devices at once (one lock file per device: a rank holds its device's turn while it
+computes), ``job`` this job's name among them, ``ranks`` (optional) the device ranks of all of
+them, for which each rank waits before its first step. Format: docs/contracts/rank-config.md.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +37,7 @@ from hetplan.contracts.plan import OPTIMIZERS, ZERO_STAGES, Plan, parse_pipeline
 from hetplan.contracts.yamlio import read_mapping
 from hetplan.errors import HetplanError
 
-__all__ = ["RANK_CONFIG_SCHEMA", "DeviceEntry", "RankConfig", "load_rank_config"]
+__all__ = ["RANK_CONFIG_SCHEMA", "Crossover", "DeviceEntry", "RankConfig", "load_rank_config"]
 
 RANK_CONFIG_SCHEMA = "hetplan/rank-config/v1"
 
@@ -48,6 +55,22 @@ class DeviceEntry:
     actions: str
     #: emulation only: ``(step, slowdown)`` from which the device runs that much slower than its base
     slowdown_changes: tuple[tuple[int, float], ...] = ()
+
+
+#: A co-run job's name: it names files (the turn trace), so letters, digits, ``-`` and ``_`` only.
+JOB_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """The job shares its devices with other jobs running at once (``crossover`` in the file)."""
+
+    #: the folder every co-running job names: ``<address>.lock`` per device (the turn), traces
+    turns: str
+    #: this job's name among the co-running jobs
+    job: str
+    #: the device ranks of all co-running jobs: each waits for all before its first step (None: no wait)
+    ranks: int | None = None
 
 
 @dataclass
@@ -79,6 +102,8 @@ class RankConfig:
     central_node: str | None = None  # wsp, sdpipe: the node whose agent starts the central process
     #: emulation: the links (node pairs; one node twice for inside it) whose speed the ranks enforce
     emulated_links: dict[frozenset[str], Link] = field(default_factory=dict)
+    #: co-run: the per-device turns shared with other jobs on the same devices (None: alone)
+    crossover: Crossover | None = None
 
     def emulated_link(self, a: str, b: str) -> Link | None:
         """The emulated link between devices (or ``central``'s node) ``a`` and ``b``, if any."""
@@ -181,6 +206,7 @@ def load_rank_config(path: str | Path) -> RankConfig:
         d.done()
         devices[entry.address] = entry
     predicted = f.raw("predicted", {}) or {}
+    crossover = _crossover(f, Path(path), pipelines)
     f.done()
     if not devices:
         raise HetplanError("no devices", file=str(path), field="devices")
@@ -215,6 +241,37 @@ def load_rank_config(path: str | Path) -> RankConfig:
         dataset_kwargs=dataset_kwargs,
         central_node=central_node,
         emulated_links=emulated_links,
+        crossover=crossover,
+    )
+
+
+def _crossover(f: Fields, path: Path, pipelines: list) -> Crossover | None:
+    """``crossover: {turns: FOLDER, job: NAME, ranks: N}``; a relative folder is relative to the file's.
+
+    Tensor-parallel stages are refused: their collectives run inside a forward or backward, so a
+    rank would wait for its peers while holding its device's turn, and two jobs each holding one
+    device that the other's peer needs would wait for each other for ever.
+    """
+    c = f.child("crossover", None)
+    if c is None:
+        return None
+    turns = c.str("turns")
+    job = c.str("job")
+    if not JOB_NAME.fullmatch(job):
+        raise c.error(f"expected letters, digits, '-' or '_' (at most 64), got {job!r}", "job")
+    ranks = c.integer("ranks", None, minimum=1)
+    c.done()
+    for i, pipe in enumerate(pipelines):
+        for j, stage in enumerate(pipe.stages):
+            if stage.tensor_parallel > 1:
+                raise f.error(
+                    f"pipelines[{i}].stages[{j}] is tensor-parallel: co-running it is not built (its collectives "
+                    "run inside compute, which holds the device's turn)",
+                    "crossover",
+                )
+    folder = Path(turns)
+    return Crossover(
+        turns=str(folder if folder.is_absolute() else path.resolve().parent / folder), job=job, ranks=ranks
     )
 
 

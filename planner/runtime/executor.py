@@ -34,6 +34,12 @@ gradient groups are per shard, and the norm counts a replicated parameter of a T
 (:mod:`hetplan.runtime.recompute`). With the plan's ``zero: 1`` every shared gradient group is a
 :class:`~hetplan.runtime.zero.Zero1Group`: its all-reduce becomes the group's reduce, its step the
 holder's shard step and an all-gather of the weights.
+
+In a co-run (the rank config's ``crossover``, :mod:`hetplan.runtime.crossover`) every compute (a
+forward or backward with its emulation sleep, the optimizer step) holds the device's turn, shared
+with the other job's rank on the same device, and nothing else does: transfers, collectives and
+pacing sleeps run without it, so the other job computes meanwhile. The wait for the turn counts as
+``wait_s``. Nothing else changes, so a job computes the same numbers alone or co-run.
 """
 
 from __future__ import annotations
@@ -51,8 +57,9 @@ from hetplan.contracts.rank_config import RankConfig
 from hetplan.errors import HetplanError
 from hetplan.models import resolve_model
 from hetplan.models.gpt_tp import shard_block, shard_specs
-from hetplan.runtime.central import DECENTRALISED, gradient_process_groups, mode_groups
+from hetplan.runtime.central import DECENTRALISED, device_transfer_group, gradient_process_groups, mode_groups
 from hetplan.runtime.comm import tag_of, wait
+from hetplan.runtime.crossover import DeviceTurn
 from hetplan.runtime.data import micro_offsets, open_samples, pipeline_offsets
 from hetplan.runtime.group_scheduler import GroupClient
 from hetplan.runtime.group_sync import GroupLayout, make_group_sync
@@ -196,6 +203,8 @@ class RankExecutor:
         self.slowdown_schedule = SlowdownSchedule(entry.emulated_slowdown, entry.slowdown_changes) if emulate else None
         self.slowdown = entry.emulated_slowdown if emulate else 1.0
         self.pacer = LinkPacer(config, address, enabled=emulate)  # emulated slow links
+        # a co-run (hetplan.runtime.crossover): the device's turn, held while computing; None alone
+        self.turn = DeviceTurn(config.crossover, address) if config.crossover is not None else None
         self.last_backward = max((i for i, a in enumerate(self.actions) if a.kind is Kind.BACKWARD), default=-1)
         # one process group per gradient group held by more than one device, created in the same
         # order on every rank (torch.distributed requires every rank to call new_group identically)
@@ -257,6 +266,8 @@ class RankExecutor:
         # this device's side of the central role (hetplan.runtime.central)
         self.params = params
         self.pipe_group = mode_groups(config.plan, compiled, rank_of).get(self.program.pipeline)
+        # wsp, sdpipe under NCCL: the pipelines' CUDA transfers on a group without the central rank
+        self.transfer_group = device_transfer_group(rank_of) if config.plan.sync in DECENTRALISED else None
         self.wave_sync: WaveSync | None = None
         self.group_average: GroupAverage | None = None
         plan = config.plan
@@ -269,7 +280,9 @@ class RankExecutor:
                 self.wave_sync = WaveSync(
                     client, wave=int(plan.sync_option("wave")), staleness=int(plan.sync_option("staleness"))
                 )
-                self._load_flat(self.wave_sync.start())  # every device starts from the server's version 0
+                # every device starts from the server's version 0 (a CPU tensor, like every exchange
+                # with the central process: over gloo under the cpu:gloo,cuda:nccl backend map)
+                self._load_flat(self.wave_sync.start().to(device))
             else:
                 mine = compiled.programs[address]
                 peers = {
@@ -281,7 +294,20 @@ class RankExecutor:
                     central_rank, pipeline=mine.pipeline, rank=rank_of[address], n_pipelines=len(plan.pipelines)
                 )
                 batches = {i: p.batch for i, p in enumerate(plan.pipelines)}
-                self.group_average = GroupAverage(client, mine.pipeline, peers, batches, timeout_s=config.timeout_s)
+                addresses = {
+                    q.pipeline: a
+                    for a, q in compiled.programs.items()
+                    if (q.stage, q.replica, q.tp_rank) == (mine.stage, mine.replica, mine.tp_rank)
+                }
+                self.group_average = GroupAverage(
+                    client,
+                    mine.pipeline,
+                    peers,
+                    batches,
+                    timeout_s=config.timeout_s,
+                    pacer=self.pacer if self.pacer.enabled else None,
+                    addresses=addresses,
+                )
         # per ZeRO group of a tensor-parallel block with tp_rank > 0: the slices of its shard that are
         # sharded parameters (the replicated ones are counted by shard 0's group, once)
         self._zero_counted: dict[int, list[tuple[int, int]] | None] = {}
@@ -353,6 +379,7 @@ class RankExecutor:
                 return  # later groups wait: every rank issues its collectives in the same order
             if gid in self.zero:  # ZeRO-1: the group's reduce (its own buffer; nothing to copy back)
                 self._issued[gid] = (self.zero[gid].start_reduce(), None, [])
+                self._issued_at[gid] = time.perf_counter()
                 continue
             grads = []
             for p in held:
@@ -371,6 +398,8 @@ class RankExecutor:
         if flat is None:  # a ZeRO-1 group: its works, in order
             for w in work:
                 wait(w, timeout_s=self.config.timeout_s, what=where(f"AR{gid}"))
+            # an emulated slow link: the reduce lasts the simulator's reduce-scatter (half a ring)
+            self.pacer.pad(self._issued_at.pop(gid), self._zero_floor(gid, "reducescatter"))
             self._done.add(gid)
             return
         work.what = where(f"AR{gid}")
@@ -404,22 +433,41 @@ class RankExecutor:
         return base, base + self.program.counts[micro]
 
     def _compute(self, fn, stats: StepStats) -> None:
-        start, cpu_start = time.perf_counter(), time.thread_time()
-        self._hook_comm_cpu = 0.0
-        fn()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elapsed = time.perf_counter() - start
-        if self.slowdown > 1.0:
-            # emulate a slower device type (labelled as emulation everywhere): the compute lasts
-            # slowdown x the CPU time it used. Not x the wall time: on a shared machine the wall
-            # time includes waiting for a core, and multiplying that would make the emulated
-            # device's speed depend on what the other ranks happen to do at the same moment.
-            target = (time.thread_time() - cpu_start - self._hook_comm_cpu) * self.slowdown + self._hook_comm_cpu
-            if target > elapsed:
-                time.sleep(target - elapsed)
-                elapsed = target
+        turn = self.turn
+        if turn is not None:  # a co-run: take the device (the wait is waiting, not compute)
+            stats.wait_s += turn.acquire()
+        try:
+            start, cpu_start = time.perf_counter(), time.thread_time()
+            self._hook_comm_cpu = 0.0
+            fn()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            elapsed = time.perf_counter() - start
+            if self.slowdown > 1.0:
+                # emulate a slower device type (labelled as emulation everywhere): the compute lasts
+                # slowdown x the CPU time it used. Not x the wall time: on a shared machine the wall
+                # time includes waiting for a core, and multiplying that would make the emulated
+                # device's speed depend on what the other ranks happen to do at the same moment.
+                # (The sleep stands for compute: a co-run holds the device's turn through it.)
+                target = (time.thread_time() - cpu_start - self._hook_comm_cpu) * self.slowdown + self._hook_comm_cpu
+                if target > elapsed:
+                    time.sleep(target - elapsed)
+                    elapsed = target
+        finally:
+            if turn is not None:  # the other job's rank, if it is waiting, computes next
+                turn.release()
         stats.compute_s += elapsed
+
+    def _holding_turn(self, fn, stats: StepStats):
+        """``fn()`` with the device's turn held (a co-run: the optimizer step is compute too)."""
+        turn = self.turn
+        if turn is None:
+            return fn()
+        stats.wait_s += turn.acquire()
+        try:
+            return fn()
+        finally:
+            turn.release()
 
     def run_step(self, step: int) -> StepStats:
         cfg = self.config
@@ -502,6 +550,8 @@ class RankExecutor:
                 self._step(step, stats, where)
             i += 1
         stats.extra["loss_scale"] = precision.scaler.scale
+        if self.turn is not None:
+            self.turn.flush()
         if self.pacer.enabled:
             stats.extra["emulated_link_s"] = self.pacer.slept_s - paced_before
         stats.iteration_s = time.perf_counter() - begin
@@ -546,9 +596,14 @@ class RankExecutor:
             grads = [self.precision.grad_of(p) for p in self.params]
             flat = torch.cat([(g if g is not None else torch.zeros_like(p)).float().reshape(-1)
                               for g, p in zip(grads, self.params, strict=True)])  # fmt: skip
+            exchanging = time.perf_counter()
             pulled = self.wave_sync.after_step(step, flat)
             if pulled is not None:
-                self._load_flat(pulled)
+                # an emulated slow path to the server: the wave's push and pull last what the
+                # simulator charges (every device's bytes through the central process's link)
+                floor = self.pacer.central_exchange_floor(list(self.rank_of), self.wave_sync.client.total_bytes)
+                self.pacer.pad(exchanging, floor)
+                self._load_flat(pulled.to(self.device))
             self.precision.zero_grad()
             stats.log = {"lr": self.lr_schedule.lr_at(step // self.wave_sync.wave)}  # the server clips
             if self.wave_sync.log and pulled is not None:
@@ -558,15 +613,17 @@ class RankExecutor:
         coef = clip_coefficient(norm, cfg.clip_grad_norm) * to_mean
         lr = self.lr_schedule.lr_at(step)
         self.precision.set_lr(lr)
-        self.precision.step(nonfinite_anywhere=0, clip_coef=coef)
+        self._holding_turn(lambda: self.precision.step(nonfinite_anywhere=0, clip_coef=coef), stats)
         self._load_flat(self.group_average.after_step(step, self._flat_weights()))
         stats.log = {"lr": lr, "grad_norm": norm, "group": list(self.group_average.log[-1])}
 
     def close(self) -> None:
-        """Tell the central role this device is done (wsp, sdpipe); nothing for the other modes."""
+        """Tell the central role this device is done (wsp, sdpipe); let go of the device's turn file."""
         for role in (self.wave_sync, self.group_average):
             if role is not None:
                 role.stop()
+        if self.turn is not None:
+            self.turn.close()
 
     def _step(self, step: int, stats: StepStats, where) -> None:
         """``OPT``: one all-reduce of [loss, overflow count, squared gradient norm] over the job (on the
@@ -600,14 +657,27 @@ class RankExecutor:
                 z.zero_grad()
                 continue
             z.set_lr(lr)
-            z.step(clip_coef=coef, loss_scale=scale)
+            self._holding_turn(lambda z=z: z.step(clip_coef=coef, loss_scale=scale), stats)
+            gathering = time.perf_counter()
             for w in z.start_gather():
                 wait(w, timeout_s=cfg.timeout_s, what=where(f"the ZeRO-1 gather of group {gid}"))
+            self.pacer.pad(gathering, self._zero_floor(gid, "allgather"))  # half a ring, as the simulator
             z.finish_gather()
-        stats.skipped = not precision.step(nonfinite_anywhere=overflow, clip_coef=coef)
+        stats.skipped = not self._holding_turn(
+            lambda: precision.step(nonfinite_anywhere=overflow, clip_coef=coef), stats
+        )
         stats.log = {"lr": lr, "grad_norm": norm if math.isfinite(norm) else None}
         if cfg.clip_grad_norm is not None:
             stats.log["clipped"] = coef < 1.0
+
+    def _zero_floor(self, gid: int, kind: str) -> float:
+        """The least time of a ZeRO-1 group's reduce-scatter or all-gather on emulated links: half a
+        ring all-reduce of the group's gradient bytes (4 a parameter: the fp32 buffer the group
+        reduces), as ``CostModel.reduce_scatter`` / ``all_gather``; 0 without emulated links."""
+        if not self.pacer.enabled:
+            return 0.0
+        nbytes = 4.0 * sum(self.zero[gid].sizes)
+        return self.pacer.collective_floor(self._group_devices[gid], nbytes, kind)
 
     def _zero_sq(self, gid: int, z: Zero1Group) -> torch.Tensor:
         """This holder's part of the squared global norm from ZeRO group ``gid``: its shard, or for a
@@ -642,7 +712,11 @@ class RankExecutor:
                     shape, dtype = (self.out_shape, self.out_dtype) if grad else (self.in_shape, self.in_dtype)
                     count = self.program.counts[micro]
                     table[micro] = torch.empty((count, *shape), dtype=dtype, device=self.device)
-                ops.append(dist.P2POp(dist.irecv, table[micro][lo : lo + n], peer, tag=tag_of(micro, grad)))
+                ops.append(
+                    dist.P2POp(
+                        dist.irecv, table[micro][lo : lo + n], peer, group=self.transfer_group, tag=tag_of(micro, grad)
+                    )
+                )
                 receives = True
             else:
                 grad = a.kind is Kind.SEND_GRAD
@@ -651,7 +725,7 @@ class RankExecutor:
                 if not piece.is_contiguous():
                     piece = piece.contiguous()
                 keep.append(piece)
-                ops.append(dist.P2POp(dist.isend, piece, peer, tag=tag_of(micro, grad)))
+                ops.append(dist.P2POp(dist.isend, piece, peer, group=self.transfer_group, tag=tag_of(micro, grad)))
         # a received activation's gradient has been handed to the batch: the input itself is done
         for a in batch:
             if a.kind is Kind.SEND_GRAD:

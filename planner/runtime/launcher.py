@@ -45,10 +45,13 @@ from hetplan.contracts.rank_config import load_rank_config
 from hetplan.errors import HetplanError
 from hetplan.runtime.worker import TERM_GRACE_S  # what a worker has, after SIGTERM, to say where it was
 
-__all__ = ["LaunchResult", "launch_local"]
+__all__ = ["LaunchResult", "LocalRun", "launch_local"]
 
 #: Added to the rank timeout before a job with no finished step is called stalled.
 STALL_MARGIN_S = 30.0
+
+#: Seconds between two looks at a running job (its agent, rank 0's log).
+POLL_S = 0.1
 
 
 @dataclass
@@ -92,96 +95,171 @@ def launch_local(
     however long the start takes); ``crash_in_save=(rank, step)`` kills that rank in the middle of the
     checkpoint of that step (its files written, the checkpoint not yet published).
     """
-    config = load_rank_config(config_path)
-    if save_every is not None and (save_every < 1 or not save):
-        raise HetplanError("needs a checkpoint folder (--save) and a number of steps >= 1", field="--save-every")
-    if keep_last is not None and (keep_last < 1 or not save):
-        raise HetplanError("needs a checkpoint folder (--save) and a count >= 1", field="--keep-last")
-    if resume_step is not None and not resume:
-        raise HetplanError("needs a checkpoint folder (--resume)", field="--resume-step")
-    nodes = list(config.nodes)
-    if any("," in n for n in nodes):
-        raise HetplanError("a node name with a comma cannot be launched here", file=config.file, field="nodes")
-    addresses = [a for n in nodes for a in config.nodes[n]]  # rank R (= LOCAL_RANK R) runs addresses[R]
-    world = len(addresses)  # the ranks that train and log steps
-    if config.central_node is not None:  # wsp, sdpipe: one more process, the central role, last
-        addresses.append("central")
-    keep_run_dir = run_dir is not None
-    work = Path(run_dir).resolve() if run_dir else Path(tempfile.mkdtemp(prefix="hetplan-run-"))
-    work.mkdir(parents=True, exist_ok=True)
-    status = work / "ranks"
-    worker = _worker_args(config_path, nodes, steps=steps, work=work, threads=threads)
-    worker += ["--emulate"] if emulate else []
-    worker += ["--blocking-allreduce"] if blocking_allreduce else []
-    worker += ["--save", str(Path(save).resolve())] if save else []
-    worker += ["--save-every", str(save_every)] if save_every else []
-    worker += ["--keep-last", str(keep_last)] if keep_last else []
-    worker += ["--resume", str(Path(resume).resolve())] if resume else []
-    worker += ["--resume-step", str(resume_step)] if resume_step is not None else []
-    worker += ["--crash-in-save", f"{crash_in_save[0]}:{crash_in_save[1]}"] if crash_in_save else []
-    torchrun = _torchrun_args(len(addresses), work, worker)
-    root = Path(__file__).resolve().parents[2]
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = str(threads)  # set: torchrun then neither overrides it nor warns
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    failures = work / "failures.json"
-    command = [sys.executable, "-m", "hetplan.runtime.launcher", str(failures), "--", *torchrun]
-    start = time.time()
-    with open(work / "agent.log", "w", encoding="utf-8") as agent_log:
-        agent = subprocess.Popen(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=agent_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    stall_limit = stall_s if stall_s is not None else config.timeout_s + STALL_MARGIN_S
-    last_progress, last_count = time.time(), -1
-    killed = False
+    run = LocalRun(
+        config_path,
+        steps=steps,
+        emulate=emulate,
+        save=save,
+        save_every=save_every,
+        keep_last=keep_last,
+        resume=resume,
+        resume_step=resume_step,
+        threads=threads,
+        progress=progress,
+        blocking_allreduce=blocking_allreduce,
+        run_dir=run_dir,
+        stall_s=stall_s,
+        kill_rank_after=kill_rank_after,
+        kill_signal=kill_signal,
+        crash_in_save=crash_in_save,
+    )
     try:
-        while True:
-            code = agent.poll()
-            count = _count_lines(work / "rank-0.jsonl")
-            if count != last_count:
-                last_count, last_progress = count, time.time()
-                if progress:
-                    progress(count, steps)
-            if code == 0:
-                break
-            if code is not None:
-                raise HetplanError(_failure_message(work, addresses, code))
-            if kill_rank_after and not killed and count > 0 and time.time() - start > kill_rank_after[1]:
-                pid = _worker_pids(status).get(kill_rank_after[0])
-                if pid is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, kill_signal)
-                    killed = True
-            # before the first step the ranks start (imports, rendezvous, model): their own timeout bounds that
-            limit = stall_limit if count > 0 else max(stall_limit, config.timeout_s + STALL_MARGIN_S)
-            if time.time() - last_progress > limit:
-                _stop(agent, status)
-                raise HetplanError(
-                    f"no step finished for {limit:.0f} s; stopped every rank ({_how_far(work, addresses)})"
-                    + _details(work, addresses)
-                    + f" (rank logs: {work})"
-                )
-            time.sleep(0.1)
+        while not run.poll():
+            time.sleep(POLL_S)
     finally:
-        _stop(agent, status)
-    records = []
-    for rank in range(world):
-        path = work / f"rank-{rank}.jsonl"
-        if path.is_file():
-            records += [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    records.sort(key=lambda r: (r["step"], r["rank"]))
-    target = Path(log) if log else None
-    if target:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    if not keep_run_dir:
-        shutil.rmtree(work, ignore_errors=True)
-    return LaunchResult(records=records, wall_s=time.time() - start, log=target)
+        run.stop()
+    return run.collect(log)
+
+
+class LocalRun:
+    """One job under one torchrun agent: started by the constructor, watched by :meth:`poll`, ended
+    by :meth:`stop`, its logs merged by :meth:`collect`.
+
+    :func:`launch_local` drives one; :func:`hetplan.runtime.crossover.launch_together` drives two
+    at once (each its own agent, port and folder), which is why the watching is a method that returns
+    rather than a loop: a co-run polls both and stops the other job when one fails. The arguments
+    are :func:`launch_local`'s.
+    """
+
+    def __init__(
+        self,
+        config_path: str | Path,
+        *,
+        steps: int,
+        emulate: bool = False,
+        save: str | Path | None = None,
+        save_every: int | None = None,
+        keep_last: int | None = None,
+        resume: str | Path | None = None,
+        resume_step: int | None = None,
+        threads: int = 1,
+        progress: Callable[[int, int], None] | None = None,
+        blocking_allreduce: bool = False,
+        run_dir: str | Path | None = None,
+        stall_s: float | None = None,
+        kill_rank_after: tuple[int, float] | None = None,
+        kill_signal: signal.Signals = signal.SIGKILL,
+        crash_in_save: tuple[int, int] | None = None,
+    ) -> None:
+        config = load_rank_config(config_path)
+        if save_every is not None and (save_every < 1 or not save):
+            raise HetplanError("needs a checkpoint folder (--save) and a number of steps >= 1", field="--save-every")
+        if keep_last is not None and (keep_last < 1 or not save):
+            raise HetplanError("needs a checkpoint folder (--save) and a count >= 1", field="--keep-last")
+        if resume_step is not None and not resume:
+            raise HetplanError("needs a checkpoint folder (--resume)", field="--resume-step")
+        nodes = list(config.nodes)
+        if any("," in n for n in nodes):
+            raise HetplanError("a node name with a comma cannot be launched here", file=config.file, field="nodes")
+        addresses = [a for n in nodes for a in config.nodes[n]]  # rank R (= LOCAL_RANK R) runs addresses[R]
+        self.world = len(addresses)  # the ranks that train and log steps
+        if config.central_node is not None:  # wsp, sdpipe: one more process, the central role, last
+            addresses.append("central")
+        self.addresses = addresses
+        self.steps = steps
+        self.progress = progress
+        self.keep_run_dir = run_dir is not None
+        work = self.work = Path(run_dir).resolve() if run_dir else Path(tempfile.mkdtemp(prefix="hetplan-run-"))
+        work.mkdir(parents=True, exist_ok=True)
+        self.status = work / "ranks"
+        worker = _worker_args(config_path, nodes, steps=steps, work=work, threads=threads)
+        worker += ["--emulate"] if emulate else []
+        worker += ["--blocking-allreduce"] if blocking_allreduce else []
+        worker += ["--save", str(Path(save).resolve())] if save else []
+        worker += ["--save-every", str(save_every)] if save_every else []
+        worker += ["--keep-last", str(keep_last)] if keep_last else []
+        worker += ["--resume", str(Path(resume).resolve())] if resume else []
+        worker += ["--resume-step", str(resume_step)] if resume_step is not None else []
+        worker += ["--crash-in-save", f"{crash_in_save[0]}:{crash_in_save[1]}"] if crash_in_save else []
+        torchrun = _torchrun_args(len(addresses), work, worker)
+        root = Path(__file__).resolve().parents[2]
+        env = dict(os.environ)
+        env["OMP_NUM_THREADS"] = str(threads)  # set: torchrun then neither overrides it nor warns
+        env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        failures = work / "failures.json"
+        command = [sys.executable, "-m", "hetplan.runtime.launcher", str(failures), "--", *torchrun]
+        self.start = time.time()
+        with open(work / "agent.log", "w", encoding="utf-8") as agent_log:
+            self.agent = subprocess.Popen(
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=agent_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.timeout_s = config.timeout_s
+        self.stall_limit = stall_s if stall_s is not None else config.timeout_s + STALL_MARGIN_S
+        self.last_progress, self.count = time.time(), -1
+        self.kill_rank_after, self.kill_signal, self.killed = kill_rank_after, kill_signal, False
+
+    def poll(self) -> bool:
+        """True once the job has finished; raises one-line :class:`HetplanError` if it failed or
+        stalled (then call :meth:`stop`, which ends whatever is left of it)."""
+        work, status = self.work, self.status
+        code = self.agent.poll()
+        count = _count_lines(work / "rank-0.jsonl")
+        if count != self.count:
+            self.count, self.last_progress = count, time.time()
+            if self.progress:
+                self.progress(count, self.steps)
+        if code == 0:
+            return True
+        if code is not None:
+            raise HetplanError(_failure_message(work, self.addresses, code))
+        kill = self.kill_rank_after
+        if kill and not self.killed and count > 0 and time.time() - self.start > kill[1]:
+            pid = _worker_pids(status).get(kill[0])
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, self.kill_signal)
+                self.killed = True
+        # before the first step the ranks start (imports, rendezvous, model): their own timeout bounds that
+        limit = self.stall_limit if count > 0 else max(self.stall_limit, self.timeout_s + STALL_MARGIN_S)
+        if time.time() - self.last_progress > limit:
+            _stop(self.agent, status)
+            raise HetplanError(
+                f"no step finished for {limit:.0f} s; stopped every rank ({_how_far(work, self.addresses)})"
+                + _details(work, self.addresses)
+                + f" (rank logs: {work})"
+            )
+        return False
+
+    @property
+    def steps_done(self) -> int:
+        """Rank 0's number of finished steps, as last polled."""
+        return max(self.count, 0)
+
+    def stop(self) -> None:
+        """End whatever is left of the job (nothing once it has ended by itself)."""
+        _stop(self.agent, self.status)
+
+    def collect(self, log: str | Path | None = None) -> LaunchResult:
+        """Every rank's records, sorted by step and rank, written to ``log`` if given; the run folder
+        is removed unless it was asked for."""
+        records = []
+        for rank in range(self.world):
+            path = self.work / f"rank-{rank}.jsonl"
+            if path.is_file():
+                records += [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        records.sort(key=lambda r: (r["step"], r["rank"]))
+        target = Path(log) if log else None
+        if target:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        if not self.keep_run_dir:
+            shutil.rmtree(self.work, ignore_errors=True)
+        return LaunchResult(records=records, wall_s=time.time() - self.start, log=target)
 
 
 # -- the command --------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ for any optimizer (the server steps once per clock on the sum, never per push).
 norm of one process's gradient. **Messages** go over torch.distributed point-to-point calls of the
 default group with their own tag (:data:`TAG`, apart from the pipeline's transfer tags; the server
 receives from any source): a header ``[kind, clock or version, rank, numel]`` (int64), then the
-payload (fp32). The server is a process of its own (the
+payload (fp32, on CPU: :func:`to_host`; a pull's reply header is ``[version, numel of every
+worker together, 0, 0]``). The server is a process of its own (the
 launcher starts it beside the ranks): a worker never waits on another worker, only on the server.
 """
 
@@ -36,11 +37,19 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["PULL", "PUSH", "STOP", "TAG", "ParamServer", "PsClient", "ServerLog"]
+__all__ = ["PULL", "PUSH", "STOP", "TAG", "ParamServer", "PsClient", "ServerLog", "to_host"]
 
 PUSH, PULL, STOP = 1, 2, 3
 #: The tag of every parameter-server message (pipeline transfers use small tags: ``comm.tag_of``).
 TAG = 1 << 20
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a contiguous fp32 CPU tensor (a copy when ``t`` is on a GPU): every exchange with the
+    central process, and SDPipe's weight swap, moves CPU tensors, so under the device-type backend
+    map ``cpu:gloo,cuda:nccl`` (worker.process_group_backend) they go over gloo while the pipeline's
+    CUDA tensors go over NCCL; the central process holds no GPU."""
+    return t.detach().float().cpu().contiguous()
 
 
 @dataclass
@@ -67,17 +76,26 @@ class ParamServer:
         *,
         optimizer: torch.optim.Optimizer,
         before_step: Callable[[list[torch.Tensor]], float] | None = None,
+        version: int = 0,
+        checkpoints: Mapping[int, Callable[[], None]] | None = None,
     ) -> None:
+        """``version``: the clocks already stepped (a resumed run's, restored with the weights and
+        state). ``checkpoints``: version -> a save to run once the server holds that version and
+        every worker's pull after pushing the clock before it is answered: the workers then wait in
+        the same collective save, and no message is in flight."""
         self.params = dict(params)
         self.layouts = {r: list(names) for r, names in layouts.items()}
         self.optimizer = optimizer
         self.before_step = before_step
-        self.version = 0
+        self.version = version
+        self.checkpoints = dict(checkpoints or {})
+        self._answered_after: dict[int, int] = {}  # rank -> the latest clock it had pushed when last answered
         self.log = ServerLog()
         self._sums: dict[int, dict[str, torch.Tensor]] = {}
         self._pushed: dict[int, set[int]] = {}
         self._latest_push: dict[int, int] = {}
         self._waiting: list[tuple[int, int]] = []  # (rank, min_version)
+        self._total = sum(self._numel(r) for r in self.layouts)
 
     def _numel(self, rank: int) -> int:
         return sum(self.params[n].numel() for n in self.layouts[rank])
@@ -103,6 +121,7 @@ class ParamServer:
             else:
                 raise RuntimeError(f"parameter server: unknown message kind {kind} from rank {rank}")
             self._answer()
+            self._checkpoint()
         if self._waiting:
             raise RuntimeError(f"parameter server: pulls left unanswered at stop: {self._waiting}")
 
@@ -137,17 +156,28 @@ class ParamServer:
             self.log.steps.append(self.version)
             self.version += 1
 
+    def _checkpoint(self) -> None:
+        """Run the save of the version held, once every worker is answered after its last push."""
+        save = self.checkpoints.get(self.version)
+        if save is None or self._waiting:
+            return
+        if all(self._answered_after.get(r, -1) == self.version - 1 for r in self.layouts):
+            del self.checkpoints[self.version]
+            save()
+
     def _answer(self) -> None:
         still = []
         for rank, min_version in self._waiting:
             if self.version < min_version:
                 still.append((rank, min_version))
                 continue
-            reply = torch.tensor([self.version, 0, 0, 0], dtype=torch.int64)
+            # the reply says how many elements every worker moves (for the pacing of emulated links)
+            reply = torch.tensor([self.version, self._total, 0, 0], dtype=torch.int64)
             dist.send(reply, dst=rank, tag=TAG)
             flat = torch.cat([self.params[n].detach().flatten() for n in self.layouts[rank]])
             dist.send(flat.float().contiguous(), dst=rank, tag=TAG)
             self.log.pulls.append((rank, min_version, self.version, self._latest_push.get(rank, -1)))
+            self._answered_after[rank] = self._latest_push.get(rank, -1)
         self._waiting = still
 
 
@@ -158,6 +188,12 @@ class PsClient:
         self.server = server
         self.numel = numel
         self.rank = rank
+        self.total_numel = 0  # every worker's elements together, from the first pull's reply
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes every worker pushes in one clock (fp32), as the server said (0 before a pull)."""
+        return 4 * self.total_numel
 
     def _header(self, kind: int, value: int) -> None:
         dist.send(torch.tensor([kind, value, self.rank, self.numel], dtype=torch.int64), dst=self.server, tag=TAG)
@@ -166,14 +202,16 @@ class PsClient:
         if flat_grad.numel() != self.numel:
             raise ValueError(f"expected {self.numel} gradient elements, got {flat_grad.numel()}")
         self._header(PUSH, clock)
-        dist.send(flat_grad.detach().float().contiguous(), dst=self.server, tag=TAG)
+        dist.send(to_host(flat_grad), dst=self.server, tag=TAG)
 
     def pull(self, min_version: int) -> tuple[int, torch.Tensor]:
+        """The newest weights of at least ``min_version`` (a CPU tensor: the caller copies it to its device)."""
         self._header(PULL, max(0, min_version))
         reply = torch.zeros(4, dtype=torch.int64)
         dist.recv(reply, src=self.server, tag=TAG)
         flat = torch.empty(self.numel, dtype=torch.float32)
         dist.recv(flat, src=self.server, tag=TAG)
+        self.total_numel = int(reply[1])
         return int(reply[0]), flat
 
     def stop(self) -> None:

@@ -23,6 +23,7 @@ member holds the same bits.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -30,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from hetplan.runtime.group_scheduler import GroupClient
-from hetplan.runtime.param_server import PsClient
+from hetplan.runtime.pacing import CENTRAL, LinkPacer
+from hetplan.runtime.param_server import PsClient, to_host
 
 __all__ = ["AVERAGE_TAG", "GroupAverage", "WaveSync"]
 
@@ -80,25 +82,46 @@ class GroupAverage:
     batches: Mapping[int, int]
     timeout_s: float = 300.0
     log: list[tuple[int, ...]] = field(default_factory=list)  # the group of each step
+    #: emulated slow links: the pacer of this device and the address of its counterpart per pipeline
+    pacer: LinkPacer | None = None
+    addresses: Mapping[int, str] = field(default_factory=dict)
 
     def after_step(self, step: int, flat_weights: torch.Tensor) -> torch.Tensor:
+        """The group's batch-share-weighted average of ``flat_weights`` (fp32, on ``flat_weights``'
+        device): exchanged as CPU tensors (:func:`to_host`), so they go over gloo under NCCL too."""
+        asked = time.perf_counter()
         group = self.client.ready(step)
+        if self.pacer is not None:  # the header out and the answer back, on an emulated path
+            link = self.pacer.link_to(CENTRAL)
+            if link is not None:
+                self.pacer.pad(asked, link.transfer_time(8 * 4) + link.transfer_time(8 * self.client.width))
         self.log.append(group)
         others = [q for q in group if q != self.pipeline]
         if not others:
             return flat_weights
-        mine = flat_weights.detach().contiguous()
+        mine = to_host(flat_weights)
         received = {q: torch.empty_like(mine) for q in others}
         ops = [dist.P2POp(dist.isend, mine, self.peers[q], tag=AVERAGE_TAG) for q in others]
         ops += [dist.P2POp(dist.irecv, received[q], self.peers[q], tag=AVERAGE_TAG) for q in others]
+        posted = time.perf_counter()
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+        if self.pacer is not None:  # the simulator's swap: one transfer of the weights per partner
+            self.pacer.pad(posted, self.swap_floor(others, 4 * mine.numel()))
         received[self.pipeline] = mine
         total = sum(self.batches[q] for q in group)
         out = torch.zeros_like(mine, dtype=torch.float64)
         for q in group:  # ascending pipeline order on every member
             out += received[q].double() * (self.batches[q] / total)
-        return out.to(mine.dtype)
+        return out.to(device=flat_weights.device, dtype=torch.float32)
+
+    def swap_floor(self, others: list[int], nbytes: float) -> float:
+        """The least time of the weight swap with ``others``: per partner whose path is emulated,
+        its bytes over that link plus a latency (``_decentralised_exchange``: ``(group - 1)`` such
+        transfers), added up."""
+        assert self.pacer is not None
+        links = [self.pacer.link_to(self.addresses[q]) for q in others if q in self.addresses]
+        return sum(link.transfer_time(nbytes) for link in links if link is not None)
 
     def stop(self) -> None:
         self.client.stop()

@@ -121,7 +121,7 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     from hetplan.contracts.rank_config import load_rank_config
     from hetplan.contracts.runlog import RUNLOG_SCHEMA
     from hetplan.errors import HetplanError
-    from hetplan.runtime.central import CENTRAL, run_central
+    from hetplan.runtime.central import CENTRAL, process_group_backend, run_central
     from hetplan.runtime.checkpoint import load_checkpoint
     from hetplan.runtime.comm import RankFailureError
     from hetplan.runtime.executor import RankExecutor
@@ -132,23 +132,31 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     config = load_rank_config(args.config)
     address = where.address = _address_of(config, args)
     backend = args.backend or config.backend
-    if backend == "nccl" and config.central_node is not None:
+    if backend == "nccl" and config.crossover is not None:
         raise HetplanError(
-            f"sync {config.plan.sync} runs on gloo only (its central process moves CPU tensors); use --backend gloo",
-            field="--backend",
+            "co-running jobs share devices on gloo only: under NCCL a compute's device synchronisation would "
+            "also wait for the job's collectives while holding the device's turn; use --backend gloo",
+            file=config.file,
+            field="crossover",
         )
-    if backend == "nccl" and not torch.cuda.is_available():
+    # the central process of wsp/sdpipe holds no GPU: it moves CPU tensors only (over gloo)
+    if backend == "nccl" and address != CENTRAL and not torch.cuda.is_available():
         raise HetplanError("backend nccl needs CUDA, and this machine has none; use --backend gloo", field="--backend")
     # the GPU is the device's own index (NODE/INDEX), not LOCAL_RANK: a plan may leave a node's other
     # GPUs idle, and torchrun starts one process per *used* device
-    device = torch.device("cuda", int(address.split("/")[1])) if backend == "nccl" else torch.device("cpu")
+    on_gpu = backend == "nccl" and address != CENTRAL
+    device = torch.device("cuda", int(address.split("/")[1])) if on_gpu else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = config.dtype == "tf32"
         torch.backends.cudnn.allow_tf32 = config.dtype == "tf32"
     torch.set_num_threads(args.threads)
     where.doing = "joining the job"
-    dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s))
+    # NCCL with a central process: cpu:gloo,cuda:nccl (its exchanges move CPU tensors, over gloo)
+    dist.init_process_group(
+        process_group_backend(backend, central=config.central_node is not None),
+        timeout=timedelta(seconds=config.timeout_s),
+    )
     rank = where.rank = dist.get_rank()
     addresses: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(addresses, address)
@@ -165,9 +173,30 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     central_rank = addresses.index(CENTRAL) if CENTRAL in addresses else None
     rank_of = {a: r for r, a in enumerate(addresses) if a != CENTRAL}
     compiled = compile_plan(config.plan, config.n_blocks)
+    # checkpoint coordination moves Python objects: on a gloo group (the default one on CPU), created
+    # before the executor's groups so that every rank, the central one too, creates its groups in the
+    # same order; sdpipe's leaves the central process out (it holds no state)
+    ckpt_group = _checkpoint_group(args, backend, config, rank_of)
+    save_steps = _save_steps(args, config) if args.save or args.resume else ()
     if address == CENTRAL:
         where.doing = f"serving as the {config.plan.sync} central process"
-        run_central(config, compiled, rank_of)
+        checkpoints = None
+        if config.plan.sync == "wsp" and (args.save or args.resume):
+            from hetplan.runtime.central import CentralCheckpoints
+
+            checkpoints = CentralCheckpoints(
+                save=args.save,
+                steps=save_steps if args.save else (),
+                keep_last=args.keep_last,
+                resume=args.resume,
+                resume_step=args.resume_step,
+                group=ckpt_group,
+                info={**_checkpoint_info(config, compiled, rank_of), "loss_scale": {"scale": 1.0, "good_steps": 0}},
+            )
+        try:
+            run_central(config, compiled, rank_of, checkpoints)
+        except HetplanError as exc:
+            raise RankFailureError(f"{where}: {exc}") from None
         dist.destroy_process_group()
         return
     validate_programs({a: p.actions for a, p in compiled.programs.items()})
@@ -177,16 +206,6 @@ def run(args: argparse.Namespace, where: _Where) -> None:
             f"the action list of {address} differs from the one emitted (another hetplan version?)",
             file=config.file,
             field=f"devices[{address}].actions",
-        )
-    # checkpoint coordination moves Python objects: on a gloo group (the default one on CPU), created
-    # before the executor's groups so that every rank creates its groups in the same order
-    ckpt_group = dist.new_group(backend="gloo") if args.save and backend != "gloo" else None
-    if config.central_node is not None and (args.save or args.resume):
-        raise HetplanError(
-            f"checkpoints of sync {config.plan.sync} runs are not built (the optimizer state lives in the "
-            "central process)",
-            file=config.file,
-            field="--save" if args.save else "--resume",
         )
     executor = RankExecutor(
         config,
@@ -205,13 +224,21 @@ def run(args: argparse.Namespace, where: _Where) -> None:
             args.resume,
             executor.blocks,
             executor.precision,
-            names=executor.names,
+            names=_resume_names(args, config, compiled, executor),
             step=args.resume_step,
             model=config.model,
             zero=[executor.zero[gid] for gid in sorted(executor.zero)],
         )
         start_step = restored.step
     end_step = start_step + args.steps
+    if config.crossover is not None:  # a co-run: every job's ranks start their first step together
+        from hetplan.runtime.crossover import wait_for_co_runners
+
+        where.doing = "waiting for the other co-run jobs to start"
+        try:
+            wait_for_co_runners(config.crossover, address, timeout_s=config.timeout_s)
+        except TimeoutError as exc:
+            raise RankFailureError(f"{where}: {exc}") from None
     saver = _Saver(args, config, compiled, executor, rank_of, ckpt_group, where) if args.save else None
     log_path = args.log.replace("{rank}", str(rank)) if args.log else None
     log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115 - closed below
@@ -270,43 +297,132 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     dist.destroy_process_group()
 
 
+def _checkpoint_group(args, backend: str, config, rank_of: dict[str, int]):
+    """The process group of a checkpoint's collective save (every rank calls this, in one place):
+    sdpipe's device ranks (its scheduler holds no state); otherwise every rank, on the default group
+    under gloo and on a gloo group of its own under NCCL."""
+    import torch.distributed as dist
+
+    if not args.save:
+        return None
+    if config.plan.sync == "sdpipe":
+        return dist.new_group(sorted(rank_of.values()), backend="gloo")
+    return dist.new_group(backend="gloo") if backend != "gloo" else None
+
+
+def _save_steps(args, config) -> tuple[int, ...]:
+    """The steps this run saves after (``--save-every`` multiples and the last); for wsp, a one-line
+    refusal unless the resumed step and every saved one end a wave: between waves a device holds a
+    partial gradient sum that no checkpoint carries."""
+    from hetplan.errors import HetplanError
+    from hetplan.runtime.checkpoint import read_manifest, resolve_checkpoint
+
+    start = read_manifest(resolve_checkpoint(args.resume, args.resume_step)).step if args.resume else 0
+    end = start + args.steps
+    steps = tuple(k for k in range(start + 1, end + 1) if (args.save_every and k % args.save_every == 0) or k == end)
+    if config.plan.sync == "wsp":
+        wave = int(config.plan.sync_option("wave"))
+        if start % wave:
+            raise HetplanError(
+                f"checkpoint of step {start} is not at a wave's end (wave {wave}): sync wsp resumes only there",
+                file=config.file,
+                field="--resume",
+            )
+        odd = [k for k in steps if k % wave] if args.save else []
+        if odd:
+            raise HetplanError(
+                f"sync wsp saves only at a wave's end (every {wave} steps), and step {odd[0]} is not one: "
+                "choose --steps and --save-every as multiples of the wave",
+                file=config.file,
+                field="--save-every" if args.save_every and odd[0] != end else "--steps",
+            )
+    return steps
+
+
+def _checkpoint_info(config, compiled, rank_of: dict[str, int]) -> dict:
+    """What a checkpoint's manifest says about the run (the same on every rank, the central one too)."""
+    from hetplan.models import resolve_model
+
+    names = resolve_model(config.model).block_names()
+    address_of = {r: a for a, r in rank_of.items()}
+    writer = {i: min(rank_of[a] for a in _holders(compiled, i, config)) for i in range(config.n_blocks)}
+    plan = json.dumps(
+        {"global_batch": config.global_batch, "pipelines": [p.to_dict() for p in config.plan.pipelines]},
+        sort_keys=True,
+    )
+    blocks = {
+        names[i]: {"index": i, "rank": writer[i], "device": address_of[writer[i]]} for i in range(config.n_blocks)
+    }
+    sync = config.plan.sync
+    if sync == "sdpipe":  # each pipeline's own weights and optimizer state, under <block>@p<pipeline>
+        for q in range(len(config.plan.pipelines)):
+            for i in range(config.n_blocks):
+                blocks[f"{names[i]}@p{q}"] = {"index": i, "pipeline": q}
+    return {
+        "model": config.model,
+        "dtype": config.dtype,
+        "optimizer": config.optimizer,
+        "plan": {
+            "sha256": hashlib.sha256(plan.encode()).hexdigest(),
+            "schedule": config.schedule,
+            "pipelines": len(config.plan.pipelines),
+            "devices": len(rank_of),
+        },
+        "sync": {"mode": sync, **({"wave": int(config.plan.sync_option("wave"))} if sync == "wsp" else {})},
+        "blocks": blocks,
+    }
+
+
+def _resume_names(args, config, compiled, executor) -> list[str]:
+    """The block names a resuming rank loads: under sdpipe, from a checkpoint an sdpipe run of the
+    same plan saved, its own pipeline's copies (``<block>@p<pipeline>``); otherwise the plain ones
+    (from an sdpipe checkpoint: the first holder's pipeline's, which every pipeline then starts from)."""
+    from hetplan.runtime.checkpoint import read_manifest, resolve_checkpoint
+
+    names = executor.names
+    if config.plan.sync != "sdpipe":
+        return names
+    saved = read_manifest(resolve_checkpoint(args.resume, args.resume_step)).data
+    if saved.get("sync", {}).get("mode") != "sdpipe":
+        return names
+    mine = _checkpoint_info(config, compiled, executor.rank_of)["plan"]["sha256"]
+    if saved.get("plan", {}).get("sha256") != mine:
+        return names
+    return [f"{n}@p{executor.program.pipeline}" for n in names]
+
+
 class _Saver:
     """Periodic and final checkpoints: each rank saves the blocks it is the first holder of (whole:
-    a tensor-parallel writer gathers the shards of its group's members first)."""
+    a tensor-parallel writer gathers the shards of its group's members first).
+
+    wsp: the parameter server writes the weights and optimizer state (:class:`CentralCheckpoints`),
+    the devices only their blocks' buffers. sdpipe: the first holder's weights and state under the
+    plain block names (what another plan or mode resumes from), and each pipeline's own under
+    ``<block>@p<pipeline>``, written by the pipeline's first holder of the block."""
 
     def __init__(self, args, config, compiled, executor, rank_of: dict[str, int], group, where: _Where) -> None:
         import torch.distributed as dist
 
         self.args, self.executor, self.group, self.where = args, executor, group, where
+        self.sync = config.plan.sync
         self.rank = dist.get_rank()
         self.last: int | None = None
-        names = executor.names
         address_of = {r: a for a, r in rank_of.items()}
-        writer = {i: min(rank_of[a] for a in _holders(compiled, i)) for i in range(config.n_blocks)}
+        writer = {i: min(rank_of[a] for a in _holders(compiled, i, config)) for i in range(config.n_blocks)}
         self.owned = [i for i in executor.blocks if writer[i] == self.rank]
         # a tensor-parallel block's writer gathers its shards from its group: every member of the
         # writer's group takes part in the gathers (same blocks, same order), the writer writes them
         group = executor.program.tp_group or (address_of[self.rank],)
         self.gathered = [i for i in executor.blocks if address_of[writer[i]] in group]
-        plan = json.dumps(
-            {"global_batch": config.global_batch, "pipelines": [p.to_dict() for p in config.plan.pipelines]},
-            sort_keys=True,
-        )
-        self.info = {
-            "model": config.model,
-            "dtype": config.dtype,
-            "optimizer": config.optimizer,
-            "plan": {
-                "sha256": hashlib.sha256(plan.encode()).hexdigest(),
-                "schedule": config.schedule,
-                "pipelines": len(config.plan.pipelines),
-                "devices": len(rank_of),
-            },
-            "blocks": {
-                names[i]: {"index": i, "rank": writer[i], "device": address_of[writer[i]]}
-                for i in range(config.n_blocks)
-            },
-        }
+        # sdpipe: the blocks this rank writes its pipeline's copy of (its pipeline's first holder)
+        pipeline = executor.program.pipeline
+        self.pipeline_owned = []
+        if self.sync == "sdpipe":
+            for i in executor.blocks:
+                mates = [a for a in _holders(compiled, i, config) if config.devices[a].pipeline == pipeline]
+                if min(rank_of[a] for a in mates) == self.rank:
+                    self.pipeline_owned.append(i)
+        self.info = _checkpoint_info(config, compiled, rank_of)
         crash = args.crash_in_save
         self.crash_step = int(crash.split(":")[1]) if crash and int(crash.split(":")[0]) == self.rank else None
 
@@ -316,21 +432,35 @@ class _Saver:
         from hetplan.runtime.comm import RankFailureError
 
         self.where.doing = f"saving checkpoint {step_folder(step)}"
-        scaler = self.executor.precision.scaler
+        executor = self.executor
+        scaler = executor.precision.scaler
         info = {**self.info, "loss_scale": {"scale": scaler.scale, "good_steps": scaler.good_steps}}
         # ZeRO-1 groups: every holder gathers its groups' full state (collectives, in group order)
         zero: dict[int, tuple] = {}
-        mixed = self.executor.precision.mixed
-        for gid in sorted(self.executor.zero):
-            z = self.executor.zero[gid]
+        mixed = executor.precision.mixed
+        for gid in sorted(executor.zero):
+            z = executor.zero[gid]
             full = z.state_dict()
             for name, p in zip(z.names, z.params, strict=True):
                 zero[id(p)] = (full["master"][name] if mixed else None, full["optim"][name])
         state = checkpoint_state(
-            {i: self.executor.blocks[i] for i in self.gathered}, self.executor.precision, self.executor.names, zero
+            {i: executor.blocks[i] for i in self.gathered}, executor.precision, executor.names, zero
         )
-        mine = {self.executor.names[i] for i in self.owned}
+        mine = {executor.names[i] for i in self.owned}
         state = {k: v for k, v in state.items() if k.split("/", 1)[0] in mine}
+        if self.sync == "wsp":  # the server writes weights and optimizer state; the devices the buffers
+            params = {
+                f"{executor.names[i]}/param/{n}"
+                for i in executor.blocks
+                for n, _ in executor.blocks[i].named_parameters()
+            }
+            state = {k: v for k, v in state.items() if "/param/" in k and k not in params}
+        if self.pipeline_owned:  # sdpipe: this pipeline's own copy
+            q = executor.program.pipeline
+            own = [f"{n}@p{q}" for n in executor.names]
+            state.update(
+                checkpoint_state({i: executor.blocks[i] for i in self.pipeline_owned}, executor.precision, own)
+            )
         # fault tests: this rank dies once its files are written, before the checkpoint is published
         die = (lambda: os.kill(os.getpid(), signal.SIGKILL)) if step == self.crash_step else None
         try:
@@ -348,7 +478,11 @@ class _Saver:
         self.last = step
 
 
-def _holders(compiled, block: int) -> tuple[str, ...]:
+def _holders(compiled, block: int, config) -> tuple[str, ...]:
+    """The devices holding ``block``: its gradient group's, or under wsp and sdpipe (no job-wide
+    group) every device whose blocks include it, in every pipeline."""
+    if config.plan.sync in ("wsp", "sdpipe"):
+        return tuple(a for a, e in config.devices.items() if e.start <= block < e.end)
     for g in compiled.groups:
         if block in g.blocks:
             return g.devices

@@ -112,6 +112,8 @@ class CostModel:
     cluster: Cluster
     optimizer: str = "adam"
     _fwd: dict = field(default_factory=dict, repr=False)
+    _paths: dict = field(default_factory=dict, repr=False)
+    _rings: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._block = lru_cache(maxsize=None)(self._block_times)
@@ -180,12 +182,16 @@ class CostModel:
 
     def network_link(self, node_a: str, node_b: str) -> Link:
         """The path between two nodes as one stream sees it: the inter-node link, capped by the
-        sender's and the receiver's network interface (``nic``), which the link may exceed."""
-        link = self.cluster.inter_node_link(node_a, node_b)
-        nic = min(self.cluster.node(node_a).nic_bandwidth, self.cluster.node(node_b).nic_bandwidth)
-        if nic < link.bandwidth:
-            return Link(bandwidth=nic, latency=link.latency, shared=link.shared)
-        return link
+        sender's and the receiver's network interface (``nic``), which the link may exceed.
+        Cached per pair (a ring over many nodes asks for each pair again and again)."""
+        key = (node_a, node_b)
+        found = self._paths.get(key)
+        if found is None:
+            link = self.cluster.inter_node_link(node_a, node_b)
+            nic = min(self.cluster.node(node_a).nic_bandwidth, self.cluster.node(node_b).nic_bandwidth)
+            found = Link(bandwidth=nic, latency=link.latency, shared=link.shared) if nic < link.bandwidth else link
+            self._paths[key] = found
+        return found
 
     def allreduce(self, nbytes: float, devices: list[Device]) -> float:
         """All-reduce time for ``devices``: the faster of a flat ring and, where every node holds
@@ -200,27 +206,57 @@ class CostModel:
         collective library achieves relative to the alpha-beta model, fitted by ``hetplan calibrate``."""
         return self._allreduce(nbytes, devices) / self.cluster.collective_efficiency
 
+    def allreduce_over_nodes(self, nbytes: float, counts: dict[str, int]) -> float:
+        """:meth:`allreduce` of devices given as how many each node holds, nodes in ring order
+        (the order the devices first appear): all the ring model needs to know of them."""
+        return self._ring_model(nbytes, counts) / self.cluster.collective_efficiency
+
     def _allreduce(self, nbytes: float, devices: list[Device]) -> float:
         """The alpha-beta model's all-reduce time (see :meth:`allreduce`)."""
-        n = len(devices)
+        if len(devices) <= 1 or nbytes <= 0:
+            return 0.0
+        counts: dict[str, int] = {}
+        for d in devices:
+            counts[d.node] = counts.get(d.node, 0) + 1
+        return self._ring_model(nbytes, counts)
+
+    def _ring_model(self, nbytes: float, counts: dict[str, int]) -> float:
+        """The alpha-beta all-reduce of devices counted per node. A ring's time on a link depends
+        on its bandwidth and latency alone, so each distinct pair is priced once (the same
+        maximum as over every hop)."""
+        n = sum(counts.values())
         if n <= 1 or nbytes <= 0:
             return 0.0
-        by_node: dict[str, list[Device]] = {}
-        for d in devices:
-            by_node.setdefault(d.node, []).append(d)
-        nodes = list(by_node)
-        intra = [self.cluster.node(x).link for x in nodes if len(by_node[x]) > 1]
-        inter = []
-        if len(nodes) > 1:
-            inter = [self.network_link(nodes[i], nodes[(i + 1) % len(nodes)]) for i in range(len(nodes))]
-        flat = max(ring_allreduce_time(nbytes, n, link) for link in intra + inter)
-        counts = {len(v) for v in by_node.values()}
-        if len(nodes) > 1 and len(counts) == 1 and next(iter(counts)) > 1:
-            k = next(iter(counts))
-            inside = max(ring_allreduce_time(nbytes, k, link) for link in intra)
-            between = max(ring_allreduce_time(nbytes, len(nodes), link) for link in inter)
+        nodes = tuple(counts)
+        intra = self._ring_links(tuple(x for x in nodes if counts[x] > 1), ring=False)
+        inter = self._ring_links(nodes, ring=True) if len(nodes) > 1 else {}
+        flat = max(ring_allreduce_time(nbytes, n, link) for link in [*intra.values(), *inter.values()])
+        sizes = set(counts.values())
+        if len(nodes) > 1 and len(sizes) == 1 and next(iter(sizes)) > 1:
+            k = next(iter(sizes))
+            inside = max(ring_allreduce_time(nbytes, k, link) for link in intra.values())
+            between = max(ring_allreduce_time(nbytes, len(nodes), link) for link in inter.values())
             return min(flat, inside + between)
         return flat
+
+    def _ring_links(self, nodes: tuple[str, ...], *, ring: bool) -> dict[tuple[float, float], Link]:
+        """The distinct links (by bandwidth and latency) of ``nodes``' own links, or (``ring``) of
+        the network paths between consecutive nodes of a ring through them; cached per node tuple
+        (many rings pass the same nodes in the same order)."""
+        key = (nodes, ring)
+        found = self._rings.get(key)
+        if found is None:
+            found = {}
+            if ring:
+                for i in range(len(nodes)):
+                    link = self.network_link(nodes[i], nodes[(i + 1) % len(nodes)])
+                    found.setdefault((link.bandwidth, link.latency), link)
+            else:
+                for x in nodes:
+                    link = self.cluster.node(x).link
+                    found.setdefault((link.bandwidth, link.latency), link)
+            self._rings[key] = found
+        return found
 
     def reduce_scatter(self, nbytes: float, devices: list[Device]) -> float:
         """ZeRO-1's reduce-scatter of a group's gradients: the first half of a ring all-reduce,

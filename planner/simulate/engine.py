@@ -24,6 +24,7 @@ costs one int), :attr:`Engine.succ` shows both as ``(successor, offset or None)`
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -145,11 +146,17 @@ class Engine:
         updated = [0.0] * n
         version = [0] * n
 
-        # events: (time, seq, kind, task, successor-for-offset-edges or flow version)
-        heap: list[tuple[float, int, int, int, int]] = [(0.0, t, _READY, t, -1) for t in range(n) if npred[t] == 0]
-        heapq.heapify(heap)
+        # events: (time, seq, kind, task, successor-for-offset-edges or flow version), taken in
+        # (time, seq) order. Events for the current time (a task released now, a zero duration)
+        # wait in `fifo` rather than the heap: they are made in seq order, and the heap holds
+        # nothing earlier, so taking the smaller of the two heads is the same order, cheaper.
+        fifo: deque[tuple[float, int, int, int, int]] = deque(
+            (0.0, t, _READY, t, -1) for t in range(n) if npred[t] == 0
+        )
+        heap: list[tuple[float, int, int, int, int]] = []
         seq = n
         push, pop = heapq.heappush, heapq.heappop
+        current = 0.0  # the time of the last event taken (every event in fifo is at it)
 
         def reshare(now: float, resources: tuple[int, ...]) -> None:
             """New rates for the flows that share a resource with one that started or ended."""
@@ -172,12 +179,20 @@ class Engine:
                         r_f = s
                 rate[f] = r_f
                 version[f] += 1
-                push(heap, (now + (left if left > 0.0 else 0.0) / r_f, seq, _DRAINED, f, version[f]))
+                when = now + (left if left > 0.0 else 0.0) / r_f
+                if when == now:
+                    fifo.append((when, seq, _DRAINED, f, version[f]))
+                else:
+                    push(heap, (when, seq, _DRAINED, f, version[f]))
                 seq += 1
 
         finished = 0
-        while heap:
-            now, _, kind, t, other = pop(heap)
+        while fifo or heap:
+            if fifo and (not heap or fifo[0] < heap[0]):
+                now, _, kind, t, other = fifo.popleft()
+            else:
+                now, _, kind, t, other = pop(heap)
+                current = now
             if kind == _DONE:
                 end[t] = now
                 finished += 1
@@ -185,18 +200,26 @@ class Engine:
                     npred[b] -= 1
                     if npred[b] == 0:
                         binding[b] = t
-                        push(heap, (now, seq, _READY, b, -1))
+                        fifo.append((now, seq, _READY, b, -1))
                         seq += 1
             elif kind == _READY:
                 start[t] = now
                 offs = offset_next.get(t)
                 if offs is not None:
                     for b, offset in offs:
-                        push(heap, (now + offset, seq, _OFFSET, t, b))
+                        when = now + offset
+                        if when == current:
+                            fifo.append((when, seq, _OFFSET, t, b))
+                        else:
+                            push(heap, (when, seq, _OFFSET, t, b))
                         seq += 1
                 flow = flows[t]
                 if flow is None:
-                    push(heap, (now + duration[t], seq, _DONE, t, -1))
+                    when = now + duration[t]
+                    if when == current:
+                        fifo.append((when, seq, _DONE, t, -1))
+                    else:
+                        push(heap, (when, seq, _DONE, t, -1))
                     seq += 1
                 else:
                     resources = flow_res[t]
@@ -215,13 +238,17 @@ class Engine:
                 for r in resources:
                     on_resource[r].discard(t)
                 reshare(now, resources)
-                push(heap, (now + flows[t][1], seq, _DONE, t, -1))
+                when = now + flows[t][1]
+                if when == current:
+                    fifo.append((when, seq, _DONE, t, -1))
+                else:
+                    push(heap, (when, seq, _DONE, t, -1))
                 seq += 1
             else:  # _OFFSET: release `other` at the predecessor's start + offset
                 npred[other] -= 1
                 if npred[other] == 0:
                     binding[other] = t
-                    push(heap, (now, seq, _READY, other, -1))
+                    fifo.append((now, seq, _READY, other, -1))
                     seq += 1
         if finished < n:
             stuck = next(t for t in range(n) if end[t] != end[t])

@@ -193,25 +193,88 @@ def device_memory(
     """Peak memory of one device running ``program`` (``reduced_blocks``: its blocks that are
     all-reduced with other devices, whose gradients pass through a flat bucket; ``recompute``: its
     stage's; ``zero_holders``: with ZeRO-1, block -> the devices its optimizer state is sharded over)."""
-    dtype = dtype or profile.dtype
+    return _device_memory(
+        program,
+        profile,
+        optimizer=optimizer,
+        device_type=device_type,
+        reduced_blocks=reduced_blocks,
+        dtype=dtype or profile.dtype,
+        recompute=recompute,
+        zero_holders=zero_holders,
+        statics={},
+    )
+
+
+def _static_figures(
+    program: DeviceProgram,
+    profile: ModelProfile,
+    *,
+    optimizer: str,
+    dtype: str,
+    recompute: str,
+    reduced_blocks: Collection[int],
+    zero_holders: Mapping[int, int] | None,
+) -> tuple[StageTerms, float, float, float]:
+    """(per-sample terms, gradients, optimizer state, all-reduce buckets) of a device's stage."""
     mixed = dtype in MIXED_PRECISION
     tp = program.tensor_parallel
     terms = stage_terms(profile, program.start, program.end, tp=tp, recompute=recompute)
-    params, weight_bytes = terms.params, terms.weights
-    gradients = FP32_BYTES * params if mixed else weight_bytes
+    gradients = FP32_BYTES * terms.params if mixed else terms.weights
     optimizer_total = optimizer_bytes(
         profile, program.start, program.end, optimizer=optimizer, dtype=dtype, tp=tp, holders=zero_holders
     )
-    held_per_sample = terms.held_per_sample
-    grad_in, grad_out, workspace = terms.grad_in, terms.grad_out, terms.workspace
-    # fp32 gradients are freed by the step (set to None) and come back with the step's first
-    # backward; fp16/bf16 keep their fp32 buffers for the whole run (zeroed, not freed)
-    late_grads = 0.0 if mixed else gradients
     reduced = [b for b in range(program.start, program.end) if b in reduced_blocks]
     if mixed:
         buckets = FP32_BYTES * sum(profile.shard(b, tp).params for b in reduced)
     else:
         buckets = sum(profile.shard(b, tp).param_bytes for b in reduced)
+    return terms, gradients, optimizer_total, buckets
+
+
+def _device_memory(
+    program: DeviceProgram,
+    profile: ModelProfile,
+    *,
+    optimizer: str,
+    device_type: DeviceType,
+    reduced_blocks: Collection[int],
+    dtype: str,
+    recompute: str,
+    zero_holders: Mapping[int, int] | None,
+    statics: dict[tuple, tuple[StageTerms, float, float, float]],
+) -> MemoryUse:
+    """:func:`device_memory`, the stage's static figures shared through ``statics`` by every
+    device whose stage holds the same blocks at the same degree, recomputation, holders and
+    all-reduced blocks (the replicas of a plan's stages: one computation each, not one a device)."""
+    mixed = dtype in MIXED_PRECISION
+    start, end = program.start, program.end
+    key = (
+        start,
+        end,
+        program.tensor_parallel,
+        recompute,
+        tuple(b in reduced_blocks for b in range(start, end)),
+        tuple((zero_holders or {}).get(b, 1) for b in range(start, end)),
+    )
+    figures = statics.get(key)
+    if figures is None:
+        figures = statics[key] = _static_figures(
+            program,
+            profile,
+            optimizer=optimizer,
+            dtype=dtype,
+            recompute=recompute,
+            reduced_blocks=reduced_blocks,
+            zero_holders=zero_holders,
+        )
+    terms, gradients, optimizer_total, buckets = figures
+    weight_bytes = terms.weights
+    held_per_sample = terms.held_per_sample
+    grad_in, grad_out, workspace = terms.grad_in, terms.grad_out, terms.workspace
+    # fp32 gradients are freed by the step (set to None) and come back with the step's first
+    # backward; fp16/bf16 keep their fp32 buffers for the whole run (zeroed, not freed)
+    late_grads = 0.0 if mixed else gradients
 
     held = peak = 0.0
     in_flight = peak_count = 0
@@ -276,16 +339,18 @@ def plan_memory(
         if plan is not None
         else {}
     )
+    statics: dict[tuple, tuple[StageTerms, float, float, float]] = {}
     return {
-        address: device_memory(
+        address: _device_memory(
             program,
             profile,
             optimizer=optimizer,
             device_type=cluster.device(address).type,
             reduced_blocks=reduced[address],
-            dtype=dtype,
+            dtype=dtype or profile.dtype,
             recompute=recompute.get((program.pipeline, program.stage), "none"),
             zero_holders=holders[address],
+            statics=statics,
         )
         for address, program in compiled.programs.items()
     }

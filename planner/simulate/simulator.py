@@ -48,9 +48,9 @@ from hetplan.schedule.actions import Kind
 from hetplan.schedule.compile import CompiledPlan, compile_plan, gc_paused
 from hetplan.simulate.costs import CostModel
 from hetplan.simulate.engine import Engine
-from hetplan.simulate.memory import MemoryUse, plan_memory
+from hetplan.simulate.memory import FP32_BYTES, MIXED_PRECISION, MemoryUse, optimizer_bytes, plan_memory, stage_terms
 
-__all__ = ["DeviceStats", "SimResult", "StageStats", "check_memory", "simulate"]
+__all__ = ["DeviceStats", "SimResult", "StageStats", "check_memory", "simulate", "simulate_if_fits"]
 
 
 class TaskInfo(NamedTuple):
@@ -525,13 +525,65 @@ def simulate(
 ) -> SimResult:
     """Simulate one iteration of ``plan``; raises :class:`HetplanError` if it does not match its inputs."""
     with gc_paused():
+        check_plan(plan, cluster, profile)
         return _simulate(plan, profile, cluster, timeline=timeline, compiled=compiled)
 
 
+def simulate_if_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> SimResult | None:
+    """:func:`simulate`, or None where a device runs out of memory: the memory walk needs only the
+    compiled action lists, so it runs first and the event run only where every device fits (the
+    walk is done once, not again for the result)."""
+    with gc_paused():
+        check_plan(plan, cluster, profile)
+        if not _static_fits(plan, profile, cluster):
+            return None
+        compiled = compile_plan(plan, len(profile.blocks))
+        memory = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan)
+        if not all(use.fits for use in memory.values()):
+            return None
+        return _simulate(plan, profile, cluster, timeline=False, compiled=compiled, memory=memory)
+
+
+def _static_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> bool:
+    """False where some device cannot hold even its stage's weights, gradients and optimizer
+    state (ZeRO-1's share of the state left out: at least nothing), which is part of what the
+    memory walk counts (the rest is never negative), so the walk would not fit either: such a
+    plan is refused without compiling it. True says nothing (the walk decides)."""
+    dtype = plan.dtype or profile.dtype
+    mixed = dtype in MIXED_PRECISION
+    seen: set[tuple[int, int, int, str]] = set()
+    for p in plan.pipelines:
+        for s in p.stages:
+            for address in s.devices:
+                device_type = cluster.device(address).type
+                key = (s.start, s.end, s.tensor_parallel, device_type.name)
+                if key in seen:
+                    continue
+                seen.add(key)
+                terms = stage_terms(profile, s.start, s.end, tp=s.tensor_parallel)
+                gradients = FP32_BYTES * terms.params if mixed else terms.weights
+                state = 0.0
+                if not plan.zero:
+                    state = optimizer_bytes(
+                        profile, s.start, s.end, optimizer=plan.optimizer, dtype=dtype, tp=s.tensor_parallel
+                    )
+                # less a hair: the walk's activations may come out a few ulps below zero
+                if not device_type.fits((terms.weights + gradients + state) * (1 - 1e-9)):
+                    return False
+    return True
+
+
 def _simulate(
-    plan: Plan, profile: ModelProfile, cluster: Cluster, *, timeline: bool, compiled: CompiledPlan | None
+    plan: Plan,
+    profile: ModelProfile,
+    cluster: Cluster,
+    *,
+    timeline: bool,
+    compiled: CompiledPlan | None,
+    memory: dict[str, MemoryUse] | None = None,
 ) -> SimResult:
-    check_plan(plan, cluster, profile)
+    """The run behind :func:`simulate` (``plan`` already checked against its inputs); ``memory``:
+    the plan's memory walk where the caller has it."""
     _check_degrees(plan, profile, cluster)
     compiled = compiled or compile_plan(plan, len(profile.blocks))
     costs = CostModel(profile, cluster, optimizer=plan.optimizer)
@@ -581,7 +633,7 @@ def _simulate(
 
     devices: dict[str, DeviceStats] = {}
     total_compute = 0.0
-    memory_of = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan)
+    memory_of = memory or plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan)
     for i, (address, program) in enumerate(compiled.programs.items()):
         device = cluster.device(address)
         memory = memory_of[address]

@@ -14,13 +14,13 @@ from typing import Any
 
 from hetplan.contracts.cluster import Cluster
 from hetplan.contracts.model_profile import ModelProfile
-from hetplan.contracts.plan import Plan, load_plan_inputs
+from hetplan.contracts.plan import SYNC_MODES, SYNC_OPTIONS, Plan, load_plan_inputs, parse_plan
 from hetplan.errors import HetplanError
 from hetplan.simulate import simulate
 from hetplan.solve.baselines import baseline_plans
 from hetplan.solve.search import PlanOptions
 
-__all__ = ["compare_rows", "same_inputs"]
+__all__ = ["compare_rows", "same_inputs", "sync_mode_rows"]
 
 
 def compare_rows(
@@ -64,3 +64,49 @@ def same_inputs(other: Plan, plan: Plan) -> Plan:
                 field=f"inputs.{key}.sha256",
             )
     return other
+
+
+def sync_mode_rows(
+    plan: Plan, profile: ModelProfile, cluster: Cluster, *, options: dict[str, float | int] | None = None
+) -> list[dict[str, Any]]:
+    """The plan's pipelines, cuts and shares under every sync mode, by the same simulator: one row
+    per mode with its options (the plan's own for its mode; otherwise the defaults, with any of
+    ``options`` that the mode takes), the simulated iteration and samples/s, and ``speedup`` against
+    the plan's own mode (above 1: that mode is faster per step). A mode that cannot run this plan
+    (ZeRO-1 or tensor parallelism for adasum/wsp/sdpipe, differently shaped pipelines for sdpipe)
+    gets its one-line reason instead. Per step only: how many steps each mode needs to reach a loss
+    is statistical efficiency, which no simulator knows (docs/cost-model.md)."""
+    known = {k for mode_options in SYNC_OPTIONS.values() for k in mode_options}
+    for key in options or {}:
+        if key not in known:
+            raise HetplanError(
+                f"no sync mode takes {key!r}; options are {', '.join(sorted(known))}", field="--sync-option"
+            )
+    own = simulate(plan, profile, cluster).iteration_s
+    data = plan.to_dict()
+    data.setdefault("inputs", {"profile": {"path": "-"}, "cluster": {"path": "-"}})
+    rows: list[dict[str, Any]] = []
+    for mode in SYNC_MODES:
+        if mode == plan.sync:
+            chosen = dict(plan.sync_options)
+        else:
+            chosen = {k: (options or {}).get(k, v) for k, v in SYNC_OPTIONS[mode].items()}
+        row: dict[str, Any] = {"sync": mode, "options": chosen, "own": mode == plan.sync}
+        try:
+            moded = parse_plan({**data, "sync": mode, "sync_options": chosen}, file=plan.file)
+            result = simulate(moded, profile, cluster)
+        except HetplanError as exc:
+            rows.append({**row, "iteration_s": None, "samples_per_s": None, "speedup": None, "why": exc.reason})
+            continue
+        fits = all(d.memory.fits for d in result.devices.values())
+        seconds = result.iteration_s if fits else None
+        rows.append(
+            {
+                **row,
+                "iteration_s": seconds,
+                "samples_per_s": None if seconds is None else plan.global_batch / seconds,
+                "speedup": None if seconds is None else own / seconds,
+                "why": None if fits else "does not fit in memory",
+            }
+        )
+    return rows

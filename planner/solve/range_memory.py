@@ -22,7 +22,7 @@ import numpy as np
 from hetplan.contracts.model_profile import ModelProfile
 from hetplan.simulate.memory import FP32_BYTES, MIXED_PRECISION, OPTIMIZER_STATE_BYTES
 
-__all__ = ["RangeTerms", "range_terms"]
+__all__ = ["RangeBase", "RangeTerms", "range_base", "range_terms"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,31 @@ def _prefix(values: list[float]) -> np.ndarray:
 
 def range_terms(profile: ModelProfile, *, optimizer: str, tp: int, recompute: str, zero_holders: int) -> RangeTerms:
     """The four terms of every range at one degree, recomputation and ZeRO-1 sharding."""
+    return range_base(profile, optimizer=optimizer, tp=tp, recompute=recompute).terms(zero_holders)
+
+
+@dataclass(frozen=True)
+class RangeBase:
+    """What :func:`range_terms` computes before the ZeRO-1 holders come in (only the optimizer
+    state depends on them): built once per degree and recomputation, sharded per holder count."""
+
+    usable: np.ndarray
+    weights: np.ndarray  # per range: weight bytes
+    gradients: np.ndarray  # per range: gradient bytes (the all-reduce buckets too)
+    params: np.ndarray  # per range: parameters
+    per_param: float  # optimizer state (and fp32 master copy) per parameter
+    held: np.ndarray
+    during: np.ndarray
+
+    def terms(self, zero_holders: int) -> RangeTerms:
+        """The terms with the optimizer state sharded over ``zero_holders`` devices (1: none)."""
+        state = self.per_param * self.params / (zero_holders if zero_holders > 1 else 1)
+        static = self.weights + self.gradients + state
+        return RangeTerms(usable=self.usable, static=static, held=self.held, during=self.during, buckets=self.gradients)
+
+
+def range_base(profile: ModelProfile, *, optimizer: str, tp: int, recompute: str) -> RangeBase:
+    """Every range's terms at one degree and recomputation, but the sharded optimizer state."""
     blocks = profile.blocks
     n = len(blocks)
     has = [tp == 1 or tp in b.tensor_parallel for b in blocks]
@@ -83,8 +108,6 @@ def range_terms(profile: ModelProfile, *, optimizer: str, tp: int, recompute: st
     p = params[None, :] - params[:, None]
     w = weights[None, :] - weights[:, None]
     gradients = FP32_BYTES * p if mixed else w
-    state = per_param * p / (zero_holders if zero_holders > 1 else 1)
-    static = w + gradients + state
     out_end = np.concatenate([[0.0], output])  # output of block j - 1, by end j
     held = saved[None, :] - saved[:, None] + out_end[None, :]
     # workspace: the largest per-block term of the range, by a running maximum over ends
@@ -94,4 +117,6 @@ def range_terms(profile: ModelProfile, *, optimizer: str, tp: int, recompute: st
     grad_in = np.where(j == n, 0.0, out_end[None, :])
     grad_out = np.where(i == 0, 0.0, out_end[:, None])
     during = grad_in + grad_out + workspace
-    return RangeTerms(usable=usable, static=static, held=held, during=during, buckets=gradients)
+    return RangeBase(
+        usable=usable, weights=w, gradients=gradients, params=p, per_param=per_param, held=held, during=during
+    )

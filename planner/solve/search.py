@@ -22,32 +22,45 @@ Search, in order:
    *ranks*; it is never reported.
 3. **Scoring**: the best candidates by that estimate, and every baseline, are simulated; the fastest
    simulated plan that fits in memory wins (ties go to the earlier candidate: deterministic).
+   Structures are evaluated best bound first (:meth:`_Search.bound`, a lower bound on every
+   estimate a structure can give) and only while a bound can still beat the next candidate to
+   simulate, so the ranking is exactly that of evaluating them all (docs/planner.md, "Planning
+   speed", lists this and every other exact shortcut).
 4. **Refinement with the simulator**: startup micro-batch splitting, then moving cuts and samples one
    step at a time while the simulated iteration improves.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from hetplan.contracts.cluster import Cluster, Link
+from hetplan.contracts.cluster import Cluster, Device, Link
 from hetplan.contracts.model_profile import ModelProfile
-from hetplan.contracts.plan import Pipeline, Plan, Stage, check_dtype_supported, check_plan
+from hetplan.contracts.plan import Pipeline, Plan, Stage, check_dtype_supported
 from hetplan.errors import HetplanError
 from hetplan.schedule.compile import compile_plan
 from hetplan.simulate.costs import CostModel
 from hetplan.simulate.memory import plan_memory
-from hetplan.simulate.simulator import SimResult, simulate
-from hetplan.solve.batching import allocate_batch, micro_batch_list, startup_splits
+from hetplan.simulate.simulator import SimResult, simulate, simulate_if_fits
+from hetplan.solve.batching import TimeTable, allocate_batch, micro_batch_list, startup_splits, water_fill
 from hetplan.solve.bounds import compute_lower_bound
 from hetplan.solve.explain import explain_plan
-from hetplan.solve.partition import _NO_PRUNE_LIMIT, Partition, Slot, SlotCosts, default_tp_link, partition
+from hetplan.solve.partition import (
+    _NO_PRUNE_LIMIT,
+    Partition,
+    Slot,
+    SlotCosts,
+    default_tp_link,
+    partition,
+    pipeline_floor,
+)
 from hetplan.solve.structures import EXHAUSTIVE_DEVICES, EXHAUSTIVE_STRUCTURES, Structure, candidate_structures
 from hetplan.solve.tables import CostTables
 
@@ -67,6 +80,7 @@ _LOCAL_SEARCH_DEVICES = 8  # up to this many devices, refine with simulator-driv
 _REFINED_CANDIDATES = 24  # ... starting from this many of the best simulated candidates,
 _FEW_PIPELINES = 16  # up to this many pipelines, try every startup-splitting variant
 _REFINE_TASKS = 120_000  # ... until this many simulated tasks are spent (about 1-2 s here)
+_BOUND_SLACK = 1e-9  # relative: a structure's bound is lowered by this before it prunes (float sums)
 
 
 @dataclass(frozen=True)
@@ -105,12 +119,25 @@ class PlanResult:
 
 
 def _slowest_link(cluster: Cluster, a: Slot, b: Slot) -> Link:
-    links = [cluster.link(x, y) for x in a.devices for y in b.devices]
+    """The slowest link between two slots' devices (one device per node: a link depends on the
+    two nodes only, and links that tie here have the same bandwidth and latency)."""
+    first_a = {d.node: d for d in reversed(a.devices)}
+    first_b = {d.node: d for d in reversed(b.devices)}
+    links = [cluster.link(x, y) for x in first_a.values() for y in first_b.values()]
     return min(links, key=lambda link: (link.bandwidth, -link.latency))
 
 
 def _signature(cluster: Cluster, slots: tuple[Slot, ...]) -> tuple:
-    kinds = tuple((tuple(d.type.name for d in s.devices), s.shares) for s in slots)
+    """Everything a pipeline's partition depends on: each slot's types, shares, whether they form
+    one group and the link a TP group of theirs all-reduces over, and the links between slots."""
+
+    def tp_link(s: Slot) -> tuple[float, float] | None:
+        if len(s.devices) < 2:
+            return None
+        link = cluster.link(s.devices[0], s.devices[-1])
+        return link.bandwidth, link.latency
+
+    kinds = tuple((tuple(d.type.name for d in s.devices), s.shares, s.one_group, tp_link(s)) for s in slots)
     pairs = itertools.pairwise(slots)
     links = tuple((lk.bandwidth, lk.latency) for lk in (_slowest_link(cluster, a, b) for a, b in pairs))
     return kinds, links
@@ -133,24 +160,64 @@ def _pipeline_time(part: Partition, m: int) -> Callable[[int], float]:
     return time
 
 
-def _fastest(options: list[tuple[Partition, int]], batch: int) -> tuple[Callable[[int], float], np.ndarray]:
+def _pipeline_table(part: Partition, m: int, batch: int) -> TimeTable:
+    """:func:`_pipeline_time` for every ``b`` up to ``batch + 1`` at once, the same arithmetic
+    elementwise (so :func:`allocate_batch` may water-fill it with numpy)."""
+    b = np.arange(batch + 2, dtype=float)
+    full, rest = np.floor(b / m), np.mod(b, m)
+    share = (rest > 0).astype(float) if part.replicated else rest / m
+    small = part.total * (np.ones_like(b) if part.replicated else b / m)
+    return TimeTable(np.where(b <= m, small, (full - 1) * part.bottleneck + part.total + share * part.bottleneck))
+
+
+def _size_row(part: Partition, m: int, smallest: int, b: np.ndarray) -> np.ndarray:
+    """A pipeline's closed-form time for each ``b`` at micro-batch ``m`` (:func:`_pipeline_time`),
+    inf below ``m`` where a smaller size exists (fewer samples run as one smaller micro-batch,
+    which that size prices)."""
+    full, rest = np.floor(b / m), np.mod(b, m)
+    share = (rest > 0).astype(float) if part.replicated else rest / m  # as _pipeline_time
+    small = part.total * (np.ones_like(b) if part.replicated else b / m)
+    row = np.where(b <= m, small, (full - 1) * part.bottleneck + part.total + share * part.bottleneck)
+    if m > smallest:
+        row[b < m] = np.inf
+    return row
+
+
+def _floor_row(floor: tuple[float, float], m: int, b: np.ndarray) -> np.ndarray:
+    """Below :func:`_size_row` for every partition at ``m`` whose bottleneck and total are at
+    least ``floor``'s, where a smaller size exists (``(b/m - 1) bottleneck + total`` from ``m``
+    samples on, inf below), lowered by ``_BOUND_SLACK``."""
+    bottleneck, total = floor
+    row = np.where(b < m, np.inf, (b / m - 1) * bottleneck + total)
+    return row * (1 - _BOUND_SLACK)
+
+
+def _share_caps(upper: list[np.ndarray], lower: list[np.ndarray], copies: list[int], extra: int) -> list[int]:
+    """Per distinct pipeline, a share water-filling cannot exceed, from tables above and below its
+    own (:func:`hetplan.solve.batching.allocate_batch` pops steps in the order of their
+    pipeline's running maximum and takes every step up to the ``extra``-th smallest of those
+    maxima: that value is at most the one the upper tables give, and a pipeline's steps up to it
+    are at most those of its lower table that are)."""
+    if extra == 0:
+        return [1] * len(upper)
+    up = [np.maximum.accumulate(u[2 : extra + 2]) for u in upper]
+    values = np.unique(np.concatenate(up))
+    taken = np.zeros(len(values), dtype=np.int64)
+    for level, count in zip(up, copies, strict=True):
+        taken += count * np.searchsorted(level, values, side="right")
+    limit = values[int(np.searchsorted(taken, extra, side="left"))]
+    return [1 + int(np.searchsorted(np.maximum.accumulate(lo[2 : extra + 2]), limit, side="right")) for lo in lower]
+
+
+def _fastest(options: list[tuple[Partition, int]], batch: int) -> tuple[TimeTable, np.ndarray]:
     """A pipeline's time for ``b`` samples (up to ``batch``) at whichever micro-batch size is
     fastest for ``b`` (the first of equals), and that choice's index, per ``b``: one table."""
     b = np.arange(batch + 2, dtype=float)
     smallest = min(m for _, m in options)
-    rows = []
-    for p, m in options:
-        full, rest = np.floor(b / m), np.mod(b, m)
-        share = (rest > 0).astype(float) if p.replicated else rest / m  # as _pipeline_time
-        small = p.total * (np.ones_like(b) if p.replicated else b / m)
-        row = np.where(b <= m, small, (full - 1) * p.bottleneck + p.total + share * p.bottleneck)
-        if m > smallest:  # fewer samples than m run as one smaller micro-batch: a smaller size prices that
-            row[b < m] = np.inf
-        rows.append(row)
-    table = np.array(rows)
+    table = np.array([_size_row(p, m, smallest, b) for p, m in options])
     pick = np.argmin(table, axis=0)
     best = table[pick, np.arange(batch + 2)]
-    return (lambda k: float(best[k])), pick
+    return TimeTable(best), pick
 
 
 def _to_plan(
@@ -192,6 +259,67 @@ def block_degrees(plan: Plan) -> dict[int, int] | None:
     return degree
 
 
+@dataclass
+class _Groups:
+    """A structure's pipelines by signature (cached per structure: every evaluation, bound and
+    degree map of it starts here): the distinct signatures in order of first appearance, a
+    representative's slots of each, each pipeline's group, and the first stages' devices (listed,
+    and counted per node in ring order) that the exposed all-reduce spans."""
+
+    signatures: list[int]
+    slots: list[tuple[Slot, ...]]
+    which: np.ndarray
+    copies: list[int]
+    first_devices: list[Device]
+    first_counts: dict[str, int]
+
+
+def _fill(batch: int, tables: list[TimeTable], which: np.ndarray) -> np.ndarray:
+    """:func:`allocate_batch` of the pipelines whose time is ``tables[which[p]]``."""
+    shares = water_fill(batch, [t.values for t in tables], which)
+    if shares is None:  # NaN in a table: the heap decides, as allocate_batch would
+        shares = np.asarray(allocate_batch(batch, [tables[w] for w in which.tolist()]))
+    return shares
+
+
+@dataclass
+class _Found:
+    """A structure's candidate before its plan is built: most are never simulated, and the plan of
+    a 512-device structure is thousands of objects (:meth:`candidate` builds it)."""
+
+    structure: Structure
+    parts: list[Partition]
+    shares: list[int]
+    sizes: list[int]
+    zero: int
+    estimate: float
+    tight: bool
+    distinct: list[Partition] = field(default_factory=list)  # the partitions of ``parts``, each once
+
+    def plan(self, opts: PlanOptions) -> Plan:
+        """The plan (built anew on each call)."""
+        return _to_plan(self.structure, self.parts, self.shares, self.sizes, opts, self.zero)
+
+    def candidate(self, opts: PlanOptions) -> Candidate:
+        """The search's :class:`Candidate` of it, plan built."""
+        return Candidate(self.structure.label, self.plan(opts), self.estimate, tight=self.tight)
+
+    def degrees(self) -> dict[int, int] | None:
+        """:func:`block_degrees` of the plan, from the partitions (each distinct one once)."""
+        degree: dict[int, int] = {}
+        seen: set[int] = set()
+        for part in self.distinct or self.parts:
+            if id(part) in seen:
+                continue
+            seen.add(id(part))
+            for s in range(len(part.cuts) - 1):
+                t = part.option(s)[0]
+                for b in range(part.cuts[s], part.cuts[s + 1]):
+                    if degree.setdefault(b, t) != t:
+                        return None
+        return degree
+
+
 class _Search:
     """State shared by one planning run: tables, caches, options."""
 
@@ -201,18 +329,214 @@ class _Search:
         self.costs = CostModel(profile, cluster, optimizer=opts.optimizer)
         self.slot_costs = SlotCosts(self.tables, default_tp_link(self.tables))
         self.cache: dict[tuple, Partition | None] = {}
-        self.signatures: dict[tuple, tuple] = {}
+        self.signatures: dict[tuple, int] = {}
+        self._interned: dict[tuple, int] = {}
+        self._structure_signatures: dict[int, tuple[Structure, list[int]]] = {}
+        self._pipeline_signatures: dict[int, tuple[tuple[Slot, ...], int]] = {}
+        self._slot_counts: dict[int, tuple[Slot, list[tuple[str, int]]]] = {}
+        self._links: dict[int, list[Link]] = {}
+        self._sync_floors: dict[int, tuple[Structure, float]] = {}
+        self._groups: dict[int, tuple[Structure, _Groups]] = {}
+        self._size_rows: dict[tuple[int, int, int], np.ndarray] = {}
+        self._floor_rows: dict[tuple, np.ndarray | None] = {}
+        self._lower_rows: dict[tuple, np.ndarray] = {}
+        self._shares_axis = np.arange(opts.global_batch + 2, dtype=float)  # b = 0 .. batch + 1
+        self.floors: dict[tuple, tuple[float, float] | None] = {}
+        self.bound_tables: dict[tuple, TimeTable | None] = {}
+        self._fastest: dict[tuple, tuple[list[tuple[Partition, int]], TimeTable, np.ndarray]] = {}
         sizes = opts.micro_batch_sizes or tuple(2**k for k in range(7))
         self.sizes = tuple(sorted(set(sizes)))
         n = self.tables.n
         self.degrees = tuple(sorted({t for b in range(n) for t in self.tables.tp_options(b, b + 1)}))
 
-    def signature(self, slots: tuple[Slot, ...]) -> tuple:
-        """What a pipeline's partition depends on (types, shares, links), cached by its devices."""
+    def signature(self, slots: tuple[Slot, ...]) -> int:
+        """What a pipeline's partition depends on (types, shares, links), cached by its devices
+        (and, first, by the slots object itself: the structured families share one pipeline
+        object among every structure that holds it, and building the key costs more than that)."""
+        same = self._pipeline_signatures.get(id(slots))
+        if same is not None and same[0] is slots:
+            return same[1]
         key = tuple(tuple(d.address for d in s.devices) for s in slots)
         if key not in self.signatures:
-            self.signatures[key] = _signature(self.cluster, slots)
+            # interned: a small int stands for the signature in every cache key (cheap to hash)
+            self.signatures[key] = self._interned.setdefault(_signature(self.cluster, slots), len(self._interned))
+        self._pipeline_signatures[id(slots)] = (slots, self.signatures[key])
         return self.signatures[key]
+
+    def links_of(self, slots: tuple[Slot, ...], signature: int) -> list[Link]:
+        """The slowest link between each two consecutive slots (part of the signature: cached by it)."""
+        found = self._links.get(signature)
+        if found is None:
+            found = self._links[signature] = [_slowest_link(self.cluster, a, b) for a, b in itertools.pairwise(slots)]
+        return found
+
+    def signatures_of(self, structure: Structure) -> list[int]:
+        """Each pipeline's :meth:`signature`, cached per structure (a structure is evaluated and
+        bounded several times)."""
+        found = self._structure_signatures.get(id(structure))
+        if found is None or found[0] is not structure:
+            found = (structure, [self.signature(slots) for slots in structure.pipelines])
+            self._structure_signatures[id(structure)] = found
+        return found[1]
+
+    def size_row(self, part: Partition, m: int, smallest: int) -> np.ndarray:
+        """:func:`_size_row` over every share up to the batch (cached: partitions are kept alive)."""
+        key = (id(part), m, smallest)
+        found = self._size_rows.get(key)
+        if found is None:
+            found = self._size_rows[key] = _size_row(part, m, smallest, self._shares_axis)
+        return found
+
+    def floor_row(
+        self, slots: tuple[Slot, ...], m: int, signature: int, allowed: tuple[frozenset[int], ...] | None
+    ) -> np.ndarray | None:
+        """:func:`_floor_row` of :meth:`floor_for` over every share (None: no split; cached)."""
+        key = (signature, m, allowed)
+        if key not in self._floor_rows:
+            floor = self.floor_for(slots, m, signature, allowed)
+            self._floor_rows[key] = None if floor is None else _floor_row(floor, m, self._shares_axis)
+        return self._floor_rows[key]
+
+    def groups_of(self, structure: Structure) -> _Groups:
+        """:class:`_Groups` of a structure (cached per structure object)."""
+        same = self._groups.get(id(structure))
+        if same is None or same[0] is not structure:
+            index: dict[int, int] = {}
+            slots_of: list[tuple[Slot, ...]] = []
+            which = []
+            for slots, sig in zip(structure.pipelines, self.signatures_of(structure), strict=True):
+                group = index.get(sig)
+                if group is None:
+                    group = index[sig] = len(slots_of)
+                    slots_of.append(slots)
+                which.append(group)
+            counts: dict[str, int] = {}
+            for slots in structure.pipelines:
+                for node, count in self._node_counts(slots[0]):
+                    counts[node] = counts.get(node, 0) + count
+            groups = _Groups(
+                signatures=list(index),
+                slots=slots_of,
+                which=np.asarray(which, dtype=np.int64),
+                copies=np.bincount(which, minlength=len(index)).tolist(),
+                first_devices=[d for slots in structure.pipelines for d in slots[0].devices],
+                first_counts=counts,
+            )
+            same = self._groups[id(structure)] = (structure, groups)
+        return same[1]
+
+    def sizes_for(self, n_pipes: int) -> list[int]:
+        """Micro-batch sizes a pipeline of a structure with ``n_pipes`` pipelines may run: up to
+        twice the even share (and what fits a share), and always the smallest."""
+        batch = self.opts.global_batch
+        even = math.ceil(batch / n_pipes)
+        return [m for i, m in enumerate(self.sizes) if i == 0 or m <= min(2 * even, batch - n_pipes + 1)]
+
+    def floor_for(
+        self, slots: tuple[Slot, ...], m: int, signature: int, allowed: tuple[frozenset[int], ...] | None = None
+    ) -> tuple[float, float] | None:
+        """:func:`pipeline_floor` of a pipeline at micro-batch ``m``, each block at a degree
+        ``allowed`` gives it (cached by its signature)."""
+        key = (signature, m, allowed)
+        if key not in self.floors:
+            links = self.links_of(slots, signature)
+            self.floors[key] = pipeline_floor(
+                self.tables,
+                list(slots),
+                m=m,
+                links=links,
+                costs=self.slot_costs,
+                holders=len(self.cluster.devices),
+                allowed=allowed,
+            )
+        return self.floors[key]
+
+    def bound(
+        self,
+        structure: Structure,
+        allowed: tuple[frozenset[int], ...] | None = None,
+        only_size: int | None = None,
+    ) -> float:
+        """No candidate :meth:`evaluate` returns for ``structure`` has a smaller estimate (inf: it
+        returns none).
+
+        A pipeline's closed form for ``b`` samples at micro-batch ``m``, ``(b/m - 1) bottleneck +
+        total`` from ``m`` samples on (``total b/m`` below: at least that, replicated or not), is at
+        least the same with the smallest bottleneck and the smallest total any split at ``m`` can
+        have (:meth:`floor_for`: fastest options, memory and allowed degrees ignored, so it holds for
+        every micro-batch count, ZeRO setting and degree map the evaluation tries); the smallest of
+        these over the sizes never falls as ``b`` grows, so water-filling it gives the smallest
+        slowest pipeline any batch split can have; the estimate adds the exposed all-reduce to
+        that, at least :meth:`sync_floor`. Scaled by ``1 - _BOUND_SLACK``: the DP adds stage
+        times in another order than the partition does (a few ulps). With ``allowed`` (and
+        ``only_size``), the bound of :meth:`_evaluate` with that degree map (and size)."""
+        n_pipes = len(structure.pipelines)
+        batch = self.opts.global_batch
+        if n_pipes > batch:
+            return math.inf
+        sizes = self.sizes_for(n_pipes)
+        if only_size is not None:
+            if only_size not in sizes:
+                return math.inf
+            sizes = [only_size]
+        groups = self.groups_of(structure)
+        b = np.arange(batch + 2, dtype=float)
+        tables: list[TimeTable] = []
+        for slots, sig in zip(groups.slots, groups.signatures, strict=True):
+            key = (sig, tuple(sizes), allowed)
+            table = self.bound_tables.get(key)
+            if table is None:
+                rows = []
+                for m in sizes:
+                    floor = self.floor_for(slots, m, sig, allowed)
+                    if floor is not None:
+                        bottleneck, total = floor
+                        rows.append(np.where(b < m, total * b / m, (b / m - 1) * bottleneck + total))
+                table = TimeTable(np.min(rows, axis=0) * (1 - _BOUND_SLACK)) if rows else None
+                self.bound_tables[key] = table
+            if table is None:
+                return math.inf  # no split at any size: every partition is None
+            tables.append(table)
+        shares = _fill(batch, tables, groups.which)
+        slowest = float(np.stack([t.values for t in tables])[groups.which, shares].max())
+        return slowest + self.sync_floor(structure) * (1 - _BOUND_SLACK)
+
+    def sync_floor(self, structure: Structure) -> float:
+        """No :meth:`exposed_sync` of the structure is smaller: the first stages hold at least
+        block 0 (all blocks where every pipeline has one stage), and the degree is one their slots
+        can form and block 0 has (an all-reduce never gets faster with more bytes over the same
+        devices, so the smallest over those degrees bounds it)."""
+        same = self._sync_floors.get(id(structure))
+        if same is None or same[0] is not structure:
+            same = self._sync_floors[id(structure)] = (structure, self._sync_floor(structure))
+        return same[1]
+
+    def _sync_floor(self, structure: Structure) -> float:
+        if len(structure.pipelines) == 1 and len(structure.pipelines[0][0].devices) == 1:
+            return 0.0
+        first = self.tables.tp_options(0, 1)  # every first stage holds block 0
+        degrees = sorted({t for slots in structure.pipelines for t in slots[0].degrees() if t in first})
+        # a pipeline of one stage holds every block; the first stage of a longer one, block 0 at least
+        end = self.tables.n if all(len(slots) == 1 for slots in structure.pipelines) else 1
+        nbytes = self.costs.gradient_bytes(tuple(range(end)))
+        groups = self.groups_of(structure)
+        times = []
+        for t in degrees:
+            if t == 1:  # every first-stage device: counted per node
+                times.append(self.costs.allreduce_over_nodes(nbytes, groups.first_counts))
+            else:
+                times.append(self.costs.allreduce(nbytes / t, groups.first_devices[::t]))
+        return min(times)
+
+    def _node_counts(self, slot: Slot) -> list[tuple[str, int]]:
+        """A slot's devices per node, nodes in the order they appear (cached per slot object)."""
+        same = self._slot_counts.get(id(slot))
+        if same is None or same[0] is not slot:
+            counts: dict[str, int] = {}
+            for d in slot.devices:
+                counts[d.node] = counts.get(d.node, 0) + 1
+            same = self._slot_counts[id(slot)] = (slot, list(counts.items()))
+        return same[1]
 
     def partition_for(
         self,
@@ -223,17 +547,20 @@ class _Search:
         pipelines: int = 1,
         zero: bool = False,
         allowed: tuple[frozenset[int], ...] | None = None,
-        signature: tuple | None = None,
+        signature: int | None = None,
     ) -> Partition | None:
         """The best cuts and stage options for one pipeline running ``n_micro`` micro-batches of ``m`` (cached)."""
-        signature = signature or self.signature(slots)
+        if signature is None:
+            signature = self.signature(slots)
         if self.opts.schedule != "gpipe":
             # 1F1B: past max(stages, _NO_PRUNE_LIMIT + 1) micro-batches neither the memory a stage
             # holds nor the DP's (lexicographic) objective changes: one answer for all those counts
             n_micro = min(n_micro, max(len(slots), _NO_PRUNE_LIMIT + 1))
-        key = (signature, m, n_micro, pipelines, zero, allowed)
+        # without ZeRO-1 the pipeline count matters only as "one, or more" (are the gradients
+        # all-reduced): any two or more give the same partition
+        key = (signature, m, n_micro, pipelines if zero else min(pipelines, 2), zero, allowed)
         if key not in self.cache:
-            links = [_slowest_link(self.cluster, a, b) for a, b in itertools.pairwise(slots)]
+            links = self.links_of(slots, signature)
             self.cache[key] = partition(
                 self.tables,
                 list(slots),
@@ -251,16 +578,26 @@ class _Search:
 
     def exposed_sync(self, structure: Structure, parts: list[Partition]) -> float:
         """All-reduce of the blocks every first stage holds: their gradients are ready last."""
-        if len(structure.pipelines) == 1 and len(structure.pipelines[0][0].devices) == 1:
+        return self._exposed_sync(self.groups_of(structure), parts)
+
+    def _exposed_sync(self, groups: _Groups, parts: list[Partition]) -> float:
+        """:meth:`exposed_sync` from the structure's groups (``parts``: each partition at least once)."""
+        if len(groups.which) == 1 and len(groups.slots[0][0].devices) == 1:
             return 0.0
         end = min(p.cuts[1] for p in parts)
-        devices = [d for slots in structure.pipelines for d in slots[0].devices]
         tp = max(p.option(0)[0] for p in parts)
-        return self.costs.allreduce(self.costs.gradient_bytes(tuple(range(end))) / tp, devices[::tp])
+        nbytes = self.costs.gradient_bytes(tuple(range(end))) / tp
+        if tp == 1:  # every first-stage device: the same ring, counted per node
+            return self.costs.allreduce_over_nodes(nbytes, groups.first_counts)
+        return self.costs.allreduce(nbytes, groups.first_devices[::tp])
 
     def evaluate(self, structure: Structure) -> list[Candidate]:
         """The structure's best candidate without ZeRO, and with it where memory is tight."""
-        out: list[Candidate] = []
+        return [found.candidate(self.opts) for found in self.found(structure)]
+
+    def found(self, structure: Structure) -> list[_Found]:
+        """:meth:`evaluate`'s candidates before their plans are built."""
+        out: list[_Found] = []
         plain = self._agreeing(structure, zero=0)
         if plain is not None:
             out.append(plain)
@@ -268,11 +605,12 @@ class _Search:
                 # small clusters: every pipeline at each one micro-batch size too, cut for it; the
                 # closed form that picks the size ignores the overlap the simulator sees (a size with
                 # more, smaller micro-batches can win by its pipelining)
+                plain_pipelines = plain.plan(self.opts).pipelines
                 for m in self.sizes:
                     alt = self._evaluate(structure, zero=0, allowed=None, only_size=m)
-                    if alt is None or alt.plan.pipelines == plain.plan.pipelines:
+                    if alt is None or alt.plan(self.opts).pipelines == plain_pipelines:
                         continue
-                    if block_degrees(alt.plan) is None:  # holders disagree on a degree: as _agreeing does
+                    if alt.degrees() is None:  # holders disagree on a degree: as _agreeing does
                         alt = self._agreeing(structure, zero=0, only_size=m)
                     if alt is not None:
                         out.append(alt)
@@ -283,21 +621,31 @@ class _Search:
                 out.append(zero)
         return out
 
-    def _agreeing(self, structure: Structure, *, zero: int, only_size: int | None = None) -> Candidate | None:
+    def _agreeing(self, structure: Structure, *, zero: int, only_size: int | None = None) -> _Found | None:
         """The best candidate in which every holder of a block uses one TP degree."""
         free = self._evaluate(structure, zero=zero, allowed=None, only_size=only_size)
-        if free is None or len(self.degrees) == 1 or block_degrees(free.plan) is not None:
+        if free is None or len(self.degrees) == 1 or free.degrees() is not None:
             return free
         n = self.tables.n
-        largest = max(free.plan.pipelines, key=lambda p: p.batch)
-        of_largest = {b: s.tensor_parallel for s in largest.stages for b in range(s.start, s.end)}
-        maps = [tuple(frozenset({of_largest[b]}) for b in range(n))]
+        largest = int(np.argmax(free.shares))  # the first of the largest
+        of_largest = free.parts[largest]
+        per_block = {
+            b: of_largest.option(s)[0]
+            for s in range(len(of_largest.cuts) - 1)
+            for b in range(of_largest.cuts[s], of_largest.cuts[s + 1])
+        }
+        maps = [tuple(frozenset({per_block[b]}) for b in range(n))]
         for t in self.degrees:
             maps.append(tuple(frozenset({t if t in self.tables.tp_options(b, b + 1) else 1}) for b in range(n)))
-        best: Candidate | None = None
+        best: _Found | None = None
         for allowed in maps:
+            # a map whose bound is no better than the best so far cannot replace it (strictly less),
+            # and one with no bound at all has no split that fits (its evaluation returns None)
+            bound = self.bound(structure, allowed, only_size)
+            if bound == math.inf or (best is not None and bound >= best.estimate):
+                continue
             c = self._evaluate(structure, zero=zero, allowed=allowed, only_size=only_size)
-            if c is not None and block_degrees(c.plan) is not None and (best is None or c.estimate < best.estimate):
+            if c is not None and c.degrees() is not None and (best is None or c.estimate < best.estimate):
                 best = c
         return best
 
@@ -308,24 +656,22 @@ class _Search:
         zero: int,
         allowed: tuple[frozenset[int], ...] | None,
         only_size: int | None = None,
-    ) -> Candidate | None:
+    ) -> _Found | None:
         n_pipes = len(structure.pipelines)
         batch = self.opts.global_batch
         if n_pipes > batch:
             return None
         # a pipeline may take more than its even share: sizes up to twice that (and what fits a share)
-        even = math.ceil(batch / n_pipes)
-        sizes = [m for i, m in enumerate(self.sizes) if i == 0 or m <= min(2 * even, batch - n_pipes + 1)]
+        sizes = self.sizes_for(n_pipes)
         if only_size is not None:
             if only_size not in sizes:
                 return None
             sizes = [only_size]
         n_micro = {m: math.ceil(batch / n_pipes / m) for m in sizes}
-        signatures = [self.signature(slots) for slots in structure.pipelines]
-        options: dict[tuple, tuple] = {}  # identical pipelines are solved and tabulated once
-        for slots, sig in zip(structure.pipelines, signatures, strict=True):
-            if sig in options:
-                continue
+        groups = self.groups_of(structure)
+        # identical pipelines are solved and tabulated once: first each one's smallest size that fits
+        first: list[tuple[list[tuple[Partition, int]], int]] = []
+        for sig, slots in zip(groups.signatures, groups.slots, strict=True):
             found = []
             for m in sizes:
                 part = self.partition_for(
@@ -333,39 +679,128 @@ class _Search:
                 )
                 if part is not None:
                     found.append((part, m))
+                    break
             if not found:
                 return None
-            options[sig] = (found, *_fastest(found, batch))  # (only_size: the one size)
-        per_pipe = [options[sig] for sig in signatures]
-        shares = allocate_batch(batch, [time for _, time, _ in per_pipe])
-        chosen = [found[int(pick[b])] for (found, _, pick), b in zip(per_pipe, shares, strict=True)]
-        size_of = [m for _, m in chosen]
-        parts = [p for p, _ in chosen]
-        # re-cut each pipeline for the number of micro-batches it really got, then re-share
-        exact = [
-            self.partition_for(
-                slots, m, math.ceil(b / m), pipelines=n_pipes, zero=bool(zero), allowed=allowed, signature=sig
+            first.append((found, sizes.index(found[0][1]) + 1))
+        caps = self._share_caps(groups, first, sizes, allowed)
+        options: list[tuple] = []
+        for sig, slots, (found, rest), cap in zip(groups.signatures, groups.slots, first, caps, strict=True):
+            smallest = found[0][1]
+            seen = self.size_row(found[0][0], smallest, smallest)[: cap + 2]
+            for m in sizes[rest:]:
+                floor = self.floor_row(slots, m, sig, allowed)
+                # a size no faster than those before it at any share the allocation can look at
+                # never wins there (ties go to the earlier size): its partition is not needed
+                if floor is None or bool(np.all(floor[: cap + 2] >= seen)):
+                    continue
+                part = self.partition_for(
+                    slots, m, n_micro[m], pipelines=n_pipes, zero=bool(zero), allowed=allowed, signature=sig
+                )
+                if part is not None:
+                    found.append((part, m))
+                    seen = np.minimum(seen, self.size_row(part, m, smallest)[: cap + 2])
+            options.append(self.fastest(found))  # (only_size: the one size)
+        shares = _fill(batch, [table for _, table, _ in options], groups.which)
+        # each pipeline at the size fastest for its share, re-cut for the micro-batches it really got
+        # (then re-shared); pipelines alike in signature and share are one computation
+        keys, inverse = np.unique(groups.which * (batch + 2) + shares, return_inverse=True)
+        picked: list[tuple[Partition, int, Partition | None]] = []
+        for key in keys.tolist():
+            group, share = divmod(key, batch + 2)
+            found, _, pick = options[group]
+            part, m = found[int(pick[share])]
+            exact = self.partition_for(
+                groups.slots[group],
+                m,
+                math.ceil(share / m),
+                pipelines=n_pipes,
+                zero=bool(zero),
+                allowed=allowed,
+                signature=groups.signatures[group],
             )
-            for slots, b, m, sig in zip(structure.pipelines, shares, size_of, signatures, strict=True)
-        ]
-        if all(p is not None for p in exact):
-            parts = exact
-            shares = allocate_batch(batch, [_pipeline_time(p, m) for p, m in zip(parts, size_of, strict=True)])
-        estimate = max(_pipeline_time(p, m)(b) for p, m, b in zip(parts, size_of, shares, strict=True))
-        estimate += self.exposed_sync(structure, parts)
-        plan = _to_plan(structure, parts, shares, size_of, self.opts, zero)
-        return Candidate(structure.label, plan, estimate, tight=any(p.memory_bound for p in parts))
+            picked.append((part, m, exact))
+        inverse_list = inverse.ravel().tolist()
+        size_of = [picked[u][1] for u in inverse_list]
+        if all(exact is not None for _, _, exact in picked):
+            # identical pipelines (one partition, one size) share one table
+            tables: dict[tuple[int, int], int] = {}
+            rows: list[TimeTable] = []
+            row_of = []
+            for _, m, exact in picked:
+                table_key = (id(exact), m)
+                if table_key not in tables:
+                    tables[table_key] = len(rows)
+                    rows.append(_pipeline_table(exact, m, batch))
+                row_of.append(tables[table_key])
+            which = np.asarray(row_of, dtype=np.int64)[inverse.ravel()]
+            shares = _fill(batch, rows, which)
+            distinct = [exact for _, _, exact in picked]
+            parts = [distinct[u] for u in inverse_list]
+            members = np.unique(which * (batch + 2) + shares, return_index=True)[1]  # one of each table and share
+        else:
+            distinct = [part for part, _, _ in picked]
+            parts = [distinct[u] for u in inverse_list]
+            members = np.unique(inverse.ravel(), return_index=True)[1]  # shares as first allocated
+        estimate = max(_pipeline_time(parts[i], size_of[i])(int(shares[i])) for i in members.tolist())
+        estimate += self._exposed_sync(groups, distinct)
+        return _Found(
+            structure,
+            parts,
+            shares.tolist(),
+            size_of,
+            zero,
+            estimate,
+            tight=any(p.memory_bound for p in distinct),
+            distinct=distinct,
+        )
+
+    def _share_caps(
+        self,
+        groups: _Groups,
+        first: list[tuple[list[tuple[Partition, int]], int]],
+        sizes: list[int],
+        allowed: tuple[frozenset[int], ...] | None,
+    ) -> list[int]:
+        """Per group, a share the first water-filling cannot exceed (:func:`_share_caps`): above
+        each pipeline's table, its smallest fitting size's own; below it, the smaller of that and
+        every larger size's :func:`_floor_row`. The allocation reads a pipeline's table only up to
+        one past its share, so sizes are compared only there."""
+        batch = self.opts.global_batch
+        extra = batch - len(groups.which)
+        if all(rest == len(sizes) for _, rest in first):
+            return [batch] * len(first)  # nothing left to prune
+        upper, lower = [], []
+        for sig, slots, (found, rest) in zip(groups.signatures, groups.slots, first, strict=True):
+            part, smallest = found[0]
+            row = self.size_row(part, smallest, smallest)
+            upper.append(row)
+            key = (id(part), smallest, sig, tuple(sizes[rest:]), allowed)
+            low = self._lower_rows.get(key)
+            if low is None:
+                low = row
+                for m in sizes[rest:]:
+                    floor = self.floor_row(slots, m, sig, allowed)
+                    if floor is not None:
+                        low = np.minimum(low, floor)
+                self._lower_rows[key] = low
+            lower.append(low)
+        return [min(cap, batch) for cap in _share_caps(upper, lower, groups.copies, extra)]
+
+    def fastest(self, found: list[tuple[Partition, int]]) -> tuple[list[tuple[Partition, int]], TimeTable, np.ndarray]:
+        """``(found, *_fastest(found, batch))``, cached by the partitions (which the partition
+        cache keeps alive, so their ids stay theirs)."""
+        key = tuple((id(p), m) for p, m in found)
+        got = self._fastest.get(key)
+        if got is None:
+            got = self._fastest[key] = (found, *_fastest(found, self.opts.global_batch))
+        return got
 
 
 def simulate_or_none(plan: Plan, profile: ModelProfile, cluster: Cluster) -> SimResult | None:
     """The simulated iteration, or None if a device runs out of memory (checked before simulating:
     the memory walk needs only the compiled action lists, the event run is the expensive part)."""
-    check_plan(plan, cluster, profile)
-    compiled = compile_plan(plan, len(profile.blocks))
-    memory = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan)
-    if not all(use.fits for use in memory.values()):
-        return None
-    return simulate(plan, profile, cluster, compiled=compiled)
+    return simulate_if_fits(plan, profile, cluster)
 
 
 def evaluate_structure(
@@ -497,6 +932,48 @@ def _infeasible(profile: ModelProfile, cluster: Cluster, opts: PlanOptions, tabl
     )
 
 
+def _ranked(
+    search: _Search,
+    structures: list[Structure],
+    top_k: int,
+    progress: Callable[[int, int], None] | None,
+) -> Iterator[Candidate]:
+    """Every structure's candidates in the order of a stable sort by estimate (ties: enumeration
+    order, then the order :meth:`_Search.evaluate` returns them), each yielded only once it is
+    known to come next; the caller stops after ``top_k`` fit (0: it takes all).
+
+    With ``top_k`` the structures are evaluated best bound first (:meth:`_Search.bound`), and only
+    while the best pending candidate's estimate is at least the next structure's bound: a
+    structure with a larger bound has only candidates that sort after it, so the order yielded is
+    the full sort's, and the structures never reached need not be evaluated at all.
+    """
+    total = len(structures)
+    if not top_k:
+        candidates: list[tuple[float, int, int, _Found]] = []
+        for i, structure in enumerate(structures):
+            candidates.extend((c.estimate, i, k, c) for k, c in enumerate(search.found(structure)))
+            if progress:
+                progress(i + 1, total)
+        candidates.sort(key=lambda x: x[:3])
+        yield from (c.candidate(search.opts) for *_, c in candidates)
+        return
+    bounds = [search.bound(s) for s in structures]
+    order = sorted(range(total), key=lambda i: (bounds[i], i))
+    pending: list[tuple[float, int, int, _Found]] = []
+    done = 0
+    while True:
+        while done < total and (not pending or bounds[order[done]] <= pending[0][0]):
+            i = order[done]
+            for k, c in enumerate(search.found(structures[i])):
+                heapq.heappush(pending, (c.estimate, i, k, c))
+            done += 1
+            if progress:
+                progress(done, total)
+        if not pending:
+            return
+        yield heapq.heappop(pending)[3].candidate(search.opts)
+
+
 @dataclass
 class Searched:
     """What the search found before baselines join: the scored candidates and the search state."""
@@ -523,22 +1000,16 @@ def search_plans(
             cluster, n_blocks=len(profile.blocks), max_stages=opts.max_stages, max_pipelines=opts.global_batch
         )
     )
-    candidates: list[Candidate] = []
-    for i, structure in enumerate(structures):
-        candidates.extend(search.evaluate(structure))
-        if progress:
-            progress(i + 1, len(structures))
-    candidates.sort(key=lambda c: c.estimate)  # stable: ties keep enumeration order
     # exhaustive structures are few enough to simulate every one; otherwise the estimate prunes
     if opts.top_k:
         top_k = opts.top_k
     elif len(cluster.devices) <= EXHAUSTIVE_DEVICES and len(structures) <= EXHAUSTIVE_STRUCTURES:
-        top_k = len(candidates)
+        top_k = 0  # every candidate
     else:
         top_k = 8 if len(cluster.devices) <= 16 else 3
     scored: list[Candidate] = []
     seen: set[str] = set()
-    for c in candidates:
+    for c in _ranked(search, structures, top_k, progress):
         key = str(c.plan.to_dict()["pipelines"])
         if key in seen:
             continue
@@ -546,8 +1017,10 @@ def search_plans(
         c.sim = simulate_or_none(c.plan, profile, cluster)
         if c.sim is not None:
             scored.append(c)
-        if len(scored) >= top_k:
+        if top_k and len(scored) >= top_k:
             break
+    if progress:
+        progress(len(structures), len(structures))  # the rest are bounded out, never evaluated
     return Searched(search=search, structures=len(structures), scored=scored)
 
 

@@ -23,6 +23,7 @@ from hetplan.simulate import simulate
 from hetplan.simulate.simulator import SimResult
 from hetplan.solve.baselines import baseline_plans
 from hetplan.solve.search import PlanOptions, PlanResult, best_plan, search_plans
+from hetplan.solve.sync_refine import refine_for_sync
 
 __all__ = ["plan_training"]
 
@@ -50,7 +51,8 @@ def plan_training(
 def _for_sync(result: PlanResult, profile: ModelProfile, cluster: Cluster, opts: PlanOptions) -> PlanResult:
     """The fastest candidate when it synchronises by ``opts.sync``: the winner and every simulated
     candidate of the search and the baselines, each re-simulated under the mode (the structures,
-    cuts and batch shares are still chosen as for the all-reduce); candidates the mode cannot run
+    cuts and batch shares chosen as for the all-reduce), then the fastest one's cuts and shares
+    re-balanced under the mode by the simulator (:mod:`hetplan.solve.sync_refine`); candidates the mode cannot run
     (ZeRO-1, tensor-parallel stages for adasum/wsp/sdpipe, differently shaped pipelines for sdpipe)
     are left out, and if none is left the one-line error says why."""
     pool = [("plan", result.plan)] + [(c.label, c.plan) for c in result.candidates]
@@ -77,4 +79,8 @@ def _for_sync(result: PlanResult, profile: ModelProfile, cluster: Cluster, opts:
         why = reasons[0] if reasons else "no candidate fits in memory"
         raise HetplanError(f"no plan found can run sync {opts.sync}: {why}", field="--sync")
     _, label, plan, sim = best
+    if opts.refine:
+        plan, sim, moves = refine_for_sync(plan, sim, profile, cluster)
+        if moves:
+            label = f"{label}, cuts and shares re-balanced for {opts.sync} ({moves} moves)"
     return replace(result, plan=plan, sim=sim, label=label)

@@ -19,7 +19,7 @@ from hetplan.errors import HetplanError
 from hetplan.profile.trust import Band, time_band
 from hetplan.units import format_bytes, format_time
 
-__all__ = ["compare_table", "plan_band", "plan_summary_renderables", "with_bands"]
+__all__ = ["compare_table", "plan_band", "plan_summary_renderables", "sync_table", "with_bands"]
 
 
 def plan_band(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Band:
@@ -177,6 +177,29 @@ def with_bands(rows: list[dict[str, Any]], plan: Plan, profile: ModelProfile, cl
     ours = plan_band(plan, profile, cluster).to_dict()
     everyone = time_band(profile, [d.type for d in cluster.devices]).to_dict()
     return [{**r, "band": ours if r["name"] == "hetplan" else everyone} for r in rows]
+
+
+def sync_table(rows: list[dict[str, Any]]) -> Table:
+    """One row per sync mode (:func:`hetplan.solve.compare.sync_mode_rows`): the same pipelines under
+    each, per step; the caption says what a step time cannot tell."""
+    table = Table(title="The plan under each sync mode (same pipelines, same simulator)", title_justify="left")
+    for name, justify in [("sync", "left"), ("options", "left"), ("iteration", "right")]:
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table.add_column("samples/s", justify="right")
+    table.add_column("vs the plan's mode", justify="right")
+    for r in rows:
+        options = ", ".join(f"{k} {v}" for k, v in r["options"].items()) or "-"
+        name = f"{r['sync']} (the plan's)" if r["own"] else r["sync"]
+        if r["iteration_s"] is None:
+            table.add_row(name, options, Text(r["why"], style="yellow"), "-", "-")
+        else:
+            speed = "-" if r["own"] else f"{r['speedup']:.2f}x"
+            table.add_row(name, options, format_time(r["iteration_s"]), f"{r['samples_per_s']:,.1f}", speed)
+    table.caption = (
+        "per step only: stale (wsp, sdpipe) or sparsified (topk) updates may need more steps to reach "
+        "a loss, which no simulator knows (docs/cost-model.md, docs/sync-modes.md)"
+    )
+    return table
 
 
 def compare_table(rows: list[dict[str, Any]]) -> Table:

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from hetplan.cli import main
+from builders import run_cli
 
 # --------------------------------------------------------------------------- valid baselines
 
@@ -138,15 +137,6 @@ def dump(data: dict[str, Any], path: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- running the CLI
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    out, err = capsys.readouterr()
-    code = exc.value.code
-    return (code if isinstance(code, int) else (0 if code is None else 1)), out, err
 
 
 def assert_one_line_error(err: str, *, file: str | None, field: str | None, expect: tuple[str, ...]) -> str:

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 from builders import make_profile
+from builders import run_cli as run
 from conftest import EXPECTED, LAYER_STARTS, N_BLOCKS, SCENARIOS, pipeline, stage
 
 import hetplan.cli as cli
-from hetplan.cli import main
 from hetplan.contracts.model_profile import load_profile
 from hetplan.contracts.plan import Plan, load_plan, load_plan_inputs
 from hetplan.export import deepspeed, megatron, torchtitan
@@ -31,14 +31,6 @@ RUNTIMES = ("deepspeed", "megatron", "torchtitan")
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli.console, "_width", 250)
-
-
-def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    out, err = capsys.readouterr()
-    return (0 if exc.value.code is None else exc.value.code), out, err
 
 
 def _undocumented(data: dict[str, Any], schema: dict[str, Any], where: str = "") -> list[str]:

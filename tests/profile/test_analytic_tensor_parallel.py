@@ -21,12 +21,22 @@ def _profile(config=SMALL, dtype="fp16", **kwargs):
     return analytic_profile("gpt", config, devices=devices, dtype=dtype, **kwargs)
 
 
-def test_degrees_divide_heads_and_ffn_and_skip_embedding_and_head() -> None:
+def test_degrees_divide_heads_and_ffn_and_replicate_embedding_and_head() -> None:
     profile = _profile()
-    assert profile.tp_degrees(0) == (1,)  # embedding: no vocabulary-parallel split
-    assert profile.tp_degrees(len(profile.blocks) - 1) == (1,)  # head
-    for i in range(1, len(profile.blocks) - 1):
+    for i in range(len(profile.blocks)):
         assert profile.tp_degrees(i) == (1, 2, 4)  # 4 heads: degree 8 would split a head
+    for i in (0, len(profile.blocks) - 1):  # embedding, head: whole on every member, no all-reduce
+        block = profile.blocks[i]
+        for t in (2, 4):
+            shard = block.shard(t)
+            assert (shard.params, shard.param_bytes, shard.activation_bytes) == (
+                block.params,
+                block.param_bytes,
+                block.activation_bytes,
+            )
+            assert shard.allreduce_bytes == 0.0
+            a100 = load_catalog().get("A100-40GB")
+            assert profile.block_time(i, a100, 4, t) == profile.block_time(i, a100, 4)
     three = _profile(tp_degrees=(1, 3))
     assert all(three.tp_degrees(i) == (1,) for i in range(len(three.blocks)))
     with pytest.raises(HetplanError, match="tensor-parallel degrees"):
@@ -104,7 +114,7 @@ def test_bert_layers_split_too_and_other_families_do_not() -> None:
     catalog = load_catalog()
     a100 = [catalog.get("A100-40GB")]
     bert = analytic_profile("bert", {"layers": 1, "hidden": 64, "heads": 4, "seq": 16}, devices=a100)
-    assert bert.tp_degrees(1) == (1, 2, 4) and bert.tp_degrees(0) == (1,)
+    assert bert.tp_degrees(1) == (1, 2, 4) and bert.tp_degrees(0) == (1, 2, 4)
     mlp = analytic_profile("mlp", {}, devices=a100)
     assert all(mlp.tp_degrees(i) == (1,) for i in range(len(mlp.blocks)))
     assert FAMILIES["resnet"].blocks_at({}, "fp32", 2) == [None] * len(FAMILIES["resnet"].blocks({}))

@@ -325,3 +325,116 @@ def test_a_transfer_waits_for_its_receiver_to_post_the_receive() -> None:
     sends = sorted(lo for row, kind, lo, hi, label in result.timeline if row == "n0/0" and kind == "send")
     assert forwards == pytest.approx([2.0, 8.0])  # not 7.0: the transfer starts at 7, when F0 ends
     assert sends == pytest.approx([1.0, 7.0])
+
+
+# ---------------------------------------------------------------- the engine's event order
+def _reference_run(engine: Engine, capacity: dict) -> tuple[float, list, list, list]:
+    """The event loop with one heap for every event (as it was written first): the order the
+    engine must keep, since ties decide which predecessor binds (the critical path)."""
+    import heapq
+
+    n = len(engine)
+    npred = list(engine.npred)
+    start, end, binding = [float("nan")] * n, [float("nan")] * n, [-1] * n
+    flows = engine.flow
+    res_id: dict = {}
+    res_cap: list[float] = []
+    flow_res: dict[int, tuple[int, ...]] = {}
+    for t, flow in enumerate(flows):
+        if flow is not None:
+            ids = []
+            for r in flow[3]:
+                if r not in res_id:
+                    res_id[r] = len(res_cap)
+                    res_cap.append(capacity.get(r, -1.0))
+                ids.append(res_id[r])
+            flow_res[t] = tuple(ids)
+    on = [set() for _ in res_cap]
+    share = [0.0] * len(res_cap)
+    active: set[int] = set()
+    remaining, rate, updated, version = [0.0] * n, [0.0] * n, [0.0] * n, [0] * n
+    heap = [(0.0, t, 0, t, -1) for t in range(n) if npred[t] == 0]
+    heapq.heapify(heap)
+    seq = [n]
+
+    def push(event: tuple) -> None:
+        heapq.heappush(heap, (event[0], seq[0], *event[1:]))
+        seq[0] += 1
+
+    def reshare(now: float, resources: tuple[int, ...]) -> None:
+        for r in resources:
+            if on[r] and res_cap[r] >= 0.0:
+                share[r] = res_cap[r] / len(on[r])
+        for f in sorted(set().union(*[on[r] for r in resources])):
+            left = remaining[f] - rate[f] * (now - updated[f])
+            remaining[f], updated[f] = left, now
+            r_f = cap = flows[f][2]
+            for r in flow_res[f]:
+                r_f = min(r_f, share[r] if res_cap[r] >= 0.0 else cap / len(on[r]))
+            rate[f] = r_f
+            version[f] += 1
+            push((now + max(left, 0.0) / r_f, 2, f, version[f]))
+
+    while heap:
+        now, _, kind, t, other = heapq.heappop(heap)
+        if kind == 1:  # done
+            end[t] = now
+            for b in engine.next[t]:
+                npred[b] -= 1
+                if npred[b] == 0:
+                    binding[b] = t
+                    push((now, 0, b, -1))
+        elif kind == 0:  # ready
+            start[t] = now
+            for b, offset in engine.offset_next.get(t, []):
+                push((now + offset, 3, t, b))
+            if flows[t] is None:
+                push((now + engine.duration[t], 1, t, -1))
+            else:
+                for r in flow_res[t]:
+                    on[r].add(t)
+                active.add(t)
+                remaining[t], rate[t], updated[t] = flows[t][0], 0.0, now
+                reshare(now, flow_res[t])
+        elif kind == 2:  # drained
+            if t not in active or version[t] != other:
+                continue
+            active.discard(t)
+            for r in flow_res[t]:
+                on[r].discard(t)
+            reshare(now, flow_res[t])
+            push((now + flows[t][1], 1, t, -1))
+        else:  # offset release
+            npred[other] -= 1
+            if npred[other] == 0:
+                binding[other] = t
+                push((now, 0, other, -1))
+    return max(end, default=0.0), start, end, binding
+
+
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    seed=st.integers(0, 10_000),
+    durations=st.sampled_from([(0.0, 1.0), (1.0, 2.0), (0.0, 0.5, 1.0)]),
+)
+def test_the_engine_takes_events_in_time_then_sequence_order(n, seed, durations) -> None:
+    # random graphs with zero and equal durations (ties everywhere), offset edges and shared flows:
+    # the FIFO for events at the current time must give the one-heap order, binding included
+    import random
+
+    rng = random.Random(seed)
+    engine = Engine()
+    for _ in range(n):
+        if rng.random() < 0.25:
+            resources = (("out", rng.choice("ab")), ("in", rng.choice("cd")))
+            engine.add_flow(rng.choice([0.0, 1e9, 2e9]), latency=rng.choice([0.0, 1e-3]), cap=1e9, resources=resources)
+        else:
+            engine.add_fixed(rng.choice(durations))
+    for b in range(n):
+        for a in rng.sample(range(b), min(b, rng.randint(0, 2))):
+            engine.add_edge(a, b, offset=rng.choice([None, None, 0.0, 0.5]))
+    capacity = {(d, x): 1e9 for d in ("out", "in") for x in "abcd"}
+    expected = _reference_run(engine, capacity)
+    assert engine.run(capacity) == expected[0]
+    assert (engine.start, engine.end, engine.binding) == tuple(expected[1:])

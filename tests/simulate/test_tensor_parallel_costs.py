@@ -279,14 +279,19 @@ def test_tables_memory_agrees_with_the_walk(case) -> None:
 
 
 def test_tables_time_and_memory_of_ranges_past_blocks_without_the_degree() -> None:
-    """The embedding and head have degree 1 only: ranges of layers after it still have every degree."""
+    """An embedding with degree 1 only (as Sailor's import has it): ranges of layers after it still
+    have every degree."""
+    from dataclasses import replace
+
     from hetplan.contracts import load_catalog
     from hetplan.profile.analytic import analytic_profile
     from hetplan.simulate.costs import CostModel
 
     catalog = load_catalog()
     config = {"layers": 3, "hidden": 64, "heads": 4, "seq": 16, "vocab": 100}
-    profile = analytic_profile("gpt", config, devices=[catalog.get(A100)], dtype="fp16")
+    analytic = analytic_profile("gpt", config, devices=[catalog.get(A100)], dtype="fp16")
+    blocks = [replace(analytic.blocks[0], tensor_parallel={}), *analytic.blocks[1:]]
+    profile = replace(analytic, blocks=blocks)
     c = cluster()
     tables = CostTables(profile, c, optimizer="adam")
     device = c.device("n0/0")

@@ -102,5 +102,6 @@ def input_bytes(config: dict[str, int], dtype: str) -> float:
 
 
 def blocks_at(config: dict[str, int], dtype: str, tp: int) -> list[BlockCost | None]:
-    """One device's costs of each block at degree ``tp`` (the shared transformer rule)."""
-    return layer_blocks_at(config, dtype, tp)
+    """One device's costs of each block at degree ``tp`` (the shared transformer rule; the
+    embedding and head replicated in the group)."""
+    return layer_blocks_at(config, dtype, tp, whole=blocks(config, dtype))

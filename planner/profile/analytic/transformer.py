@@ -154,19 +154,24 @@ def mlp_block(name: str, *, seq: int, hidden: int, ffn: int, dtype_bytes: int, t
     )
 
 
-def layer_blocks_at(config: dict[str, int], dtype: str, tp: int) -> list[BlockCost | None]:
+def layer_blocks_at(
+    config: dict[str, int], dtype: str, tp: int, *, whole: list[BlockCost]
+) -> list[BlockCost | None]:
     """One device's costs of each block of an embedding + layers + head transformer (gpt, bert) at
     tensor-parallel degree ``tp`` (None: not split). The layers split Megatron-style; the embedding
-    and the head stay whole (no vocabulary-parallel split), so they have degree 1 only. All None
-    where ``tp`` does not divide heads and the MLP."""
+    and the head (``whole``'s first and last, the degree-1 costs) are **replicated** in the group:
+    every member holds and computes them whole, no all-reduce, exactly as the runtime runs them
+    (:mod:`hetplan.models.gpt_tp`) and as a measured profile records them (no vocabulary-parallel
+    split: its memory saving is not priced). So a stage of any degree may hold them. All None where
+    ``tp`` does not divide heads and the MLP."""
     d = dtype_bytes(dtype)
     s, h, a = config["seq"], config["hidden"], config["heads"]
     n_blocks = 2 * config["layers"] + 2
     if tp < 2 or not tp_divides(tp, heads=a, ffn=4 * h):
         return [None] * n_blocks
-    out: list[BlockCost | None] = [None]
+    out: list[BlockCost | None] = [whole[0]]
     for i in range(config["layers"]):
         out.append(attention_block(f"layer{i}.attn", seq=s, hidden=h, heads=a, dtype_bytes=d, tp=tp))
         out.append(mlp_block(f"layer{i}.mlp", seq=s, hidden=h, ffn=4 * h, dtype_bytes=d, tp=tp))
-    out.append(None)
+    out.append(whole[-1])
     return out

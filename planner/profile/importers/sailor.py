@@ -20,9 +20,9 @@ selective bytes 5·a·s²/t and all-reduce bytes 2·(2·s·h) (the attention's a
 measured each degree by running Megatron-DeepSpeed layers at that degree on one machine
 (Sailor's docs/PROFILING.md), so its times include the layers' all-reduces on that machine's link:
 the data says ``allreduce_in_time: true`` and the cost model does not add them again. The
-embedding and the head stay whole (degree 1 only, as the analytic profiler has them). A GPU type
-with no degree-1 times appears only in the degrees it has. ``tensor_parallel=t`` keeps the former
-behaviour: degree t's times alone, as the base.
+embedding and the head stay whole (degree 1 only: the file's vocabulary-parallel times are not
+what the runtime runs). A GPU type with no degree-1 times appears only in the degrees it has.
+``tensor_parallel=t`` keeps the former behaviour: degree t's times alone, as the base.
 """
 
 from __future__ import annotations
