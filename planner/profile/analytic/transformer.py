@@ -154,9 +154,7 @@ def mlp_block(name: str, *, seq: int, hidden: int, ffn: int, dtype_bytes: int, t
     )
 
 
-def layer_blocks_at(
-    config: dict[str, int], dtype: str, tp: int, *, whole: list[BlockCost]
-) -> list[BlockCost | None]:
+def layer_blocks_at(config: dict[str, int], dtype: str, tp: int, *, whole: list[BlockCost]) -> list[BlockCost | None]:
     """One device's costs of each block of an embedding + layers + head transformer (gpt, bert) at
     tensor-parallel degree ``tp`` (None: not split). The layers split Megatron-style; the embedding
     and the head (``whole``'s first and last, the degree-1 costs) are **replicated** in the group:
