@@ -482,6 +482,7 @@ def readable_plan_inputs(plan: Plan) -> tuple[ModelProfile, Cluster] | None:
 def check_plan(plan: Plan, cluster: Cluster, profile: ModelProfile) -> None:
     """Check a plan against its cluster and profile: devices exist, ranges tile the model, times exist."""
     n = len(profile.blocks)
+    served: set[tuple] = set()  # (type, blocks, degree) already found to have times: a 512-device plan asks often
     for pi, p in enumerate(plan.pipelines):
         if p.stages[-1].end != n:
             raise HetplanError(
@@ -492,12 +493,17 @@ def check_plan(plan: Plan, cluster: Cluster, profile: ModelProfile) -> None:
         for si, s in enumerate(p.stages):
             for di, address in enumerate(s.devices):
                 device = cluster.device(address, file=plan.file, field=f"pipelines[{pi}].stages[{si}].devices[{di}]")
+                key = (device.type.name, s.start, s.end, s.tensor_parallel)
+                if key in served:
+                    continue
                 if s.tensor_parallel > 1 and all(
                     s.tensor_parallel in profile.tp_degrees(b, device.type) for b in range(s.start, min(s.end, n))
                 ):
+                    served.add(key)
                     continue  # times at the stage's degree serve it (a profile may have no degree-1 times)
                 try:
                     profile.time_scale(device.type)
+                    served.add(key)
                 except HetplanError as exc:
                     # the plan put this device here, so the plan's field is where to look
                     where = f" {profile.file}" if profile.file else ""

@@ -50,7 +50,17 @@ from hetplan.simulate.costs import CostModel
 from hetplan.simulate.engine import Engine
 from hetplan.simulate.memory import FP32_BYTES, MIXED_PRECISION, MemoryUse, optimizer_bytes, plan_memory, stage_terms
 
-__all__ = ["DeviceStats", "SimResult", "StageStats", "check_memory", "simulate", "simulate_if_fits"]
+__all__ = [
+    "DeviceStats",
+    "SimResult",
+    "StageStats",
+    "Walked",
+    "check_memory",
+    "memory_if_fits",
+    "simulate",
+    "simulate_if_fits",
+    "simulate_walked",
+]
 
 
 class TaskInfo(NamedTuple):
@@ -533,6 +543,22 @@ def simulate_if_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Sim
     """:func:`simulate`, or None where a device runs out of memory: the memory walk needs only the
     compiled action lists, so it runs first and the event run only where every device fits (the
     walk is done once, not again for the result)."""
+    walked = memory_if_fits(plan, profile, cluster)
+    return simulate_walked(plan, profile, cluster, walked) if walked is not None else None
+
+
+@dataclass(frozen=True)
+class Walked:
+    """A plan compiled and its memory walked, every device fitting: what :func:`simulate_walked`
+    needs besides the plan (split from the event run so a caller can check many plans' memory and
+    simulate only those it still wants)."""
+
+    compiled: CompiledPlan
+    memory: dict[str, MemoryUse]
+
+
+def memory_if_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Walked | None:
+    """The plan checked, compiled and its memory walked; None where a device runs out of memory."""
     with gc_paused():
         check_plan(plan, cluster, profile)
         if not _static_fits(plan, profile, cluster):
@@ -541,7 +567,13 @@ def simulate_if_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Sim
         memory = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan)
         if not all(use.fits for use in memory.values()):
             return None
-        return _simulate(plan, profile, cluster, timeline=False, compiled=compiled, memory=memory)
+        return Walked(compiled, memory)
+
+
+def simulate_walked(plan: Plan, profile: ModelProfile, cluster: Cluster, walked: Walked) -> SimResult:
+    """The event run of a plan :func:`memory_if_fits` accepted."""
+    with gc_paused():
+        return _simulate(plan, profile, cluster, timeline=False, compiled=walked.compiled, memory=walked.memory)
 
 
 def _static_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> bool:

@@ -23,20 +23,33 @@ A baseline that cannot fit in memory is reported as such (None).
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import replace
 
 import numpy as np
 
 from hetplan.contracts.cluster import Cluster, parse_cluster
-from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+from hetplan.contracts.model_profile import ModelProfile, Timing
 from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.errors import HetplanError
+from hetplan.simulate.bounds import iteration_lower_bound
+from hetplan.simulate.costs import CostModel
+from hetplan.simulate.simulator import SimResult, memory_if_fits, simulate_walked
+from hetplan.solve.background import Deferred
 from hetplan.solve.batching import micro_batch_list
 from hetplan.solve.search import Candidate, PlanOptions, search_only, simulate_or_none
 from hetplan.solve.tables import CostTables
 
-__all__ = ["BASELINES", "balanced_cuts", "baseline_plans", "equal_shares", "uniform_tp_pp_plans"]
+__all__ = [
+    "BASELINES",
+    "balanced_cuts",
+    "baseline_plans",
+    "equal_shares",
+    "fastest_uniform_tp_pp",
+    "homogeneous_baselines",
+    "uniform_tp_pp_plans",
+]
 
 BASELINES = (
     "uniform",
@@ -85,6 +98,27 @@ def _recut(reference: Plan, cuts_for: list[list[int]], shares: list[int]) -> Pla
     return replace(reference, pipelines=pipes, predicted={}, baselines={}, details={})
 
 
+def _common_degrees(profile: ModelProfile, index: int, types: list) -> set[int]:
+    """The TP degrees of block ``index`` that every one of ``types`` has times for."""
+    return set.intersection(*(set(profile.tp_degrees(index, t)) for t in types))
+
+
+def _average_times(profile: ModelProfile, index: int, types: list, tp: int) -> dict[int, Timing]:
+    """Block ``index``'s times at degree ``tp`` averaged over ``types``, at every size one of them
+    was timed at (selective recomputation's forward averaged too)."""
+    sizes = sorted({m for by in profile.blocks[index].times_at(tp).values() for m in by})
+    recomputes = profile.blocks[index].shard(tp).selective_bytes > 0
+    return {
+        m: Timing(
+            fwd=float(np.mean([profile.block_time(index, t, m, tp)[0] for t in types])),
+            bwd=float(np.mean([profile.block_time(index, t, m, tp)[1] for t in types])),
+            source="estimated",
+            recompute=float(np.mean([profile.recompute_time(index, t, m, tp) for t in types])) if recomputes else None,
+        )
+        for m in sizes
+    }
+
+
 def _homogeneous_inputs(profile: ModelProfile, cluster: Cluster, mode: str) -> tuple[ModelProfile, Cluster]:
     """A profile and cluster in which every device is one type: the slowest, or an average one."""
     types = list(cluster.device_types.values())
@@ -97,19 +131,15 @@ def _homogeneous_inputs(profile: ModelProfile, cluster: Cluster, mode: str) -> t
     name = slowest.name if mode == "slowest" else "homogeneous-average"
     memory = min(t.memory for t in types)
     blocks = []
-    sizes = sorted({m for b in profile.blocks for by in b.times.values() for m in by})
     for i, b in enumerate(profile.blocks):
-        times = dict(b.times)
-        if mode == "average":
-            times[name] = {
-                m: Timing(
-                    fwd=float(np.mean([profile.block_time(i, t, m)[0] for t in types])),
-                    bwd=float(np.mean([profile.block_time(i, t, m)[1] for t in types])),
-                    source="estimated",
-                )
-                for m in sizes
+        if mode == "average":  # at degree 1 and at every TP degree all the types have times for
+            parallel = {
+                t: replace(data, times={**data.times, name: _average_times(profile, i, types, t)})
+                for t, data in b.tensor_parallel.items()
+                if t in _common_degrees(profile, i, types)
             }
-        blocks.append(Block(**{**b.__dict__, "times": times}))
+            b = replace(b, times={**b.times, name: _average_times(profile, i, types, 1)}, tensor_parallel=parallel)
+        blocks.append(b)
     homogeneous_profile = replace(profile, blocks=blocks)
     spec_type = slowest if mode == "slowest" else replace(slowest, name=name, memory=memory, aliases=())
     data = {
@@ -149,7 +179,12 @@ def _data_parallel(
     if batch < len(devices):
         devices = devices[:batch]
     if proportional:
-        speed = [1.0 / sum(sum(profile.block_time(i, d.type, 1)) for i in range(len(profile.blocks))) for d in devices]
+        per_type: dict[str, float] = {}  # one sum per device type, not per device (512 devices: seconds)
+        for d in devices:
+            if d.type.name not in per_type:
+                seconds = sum(sum(profile.block_time(i, d.type, 1)) for i in range(len(profile.blocks)))
+                per_type[d.type.name] = 1.0 / seconds
+        speed = [per_type[d.type.name] for d in devices]
         exact = [batch * s / sum(speed) for s in speed]
         shares = [max(1, math.floor(x)) for x in exact]
         order = sorted(range(len(devices)), key=lambda i: (-(exact[i] - math.floor(exact[i])), i))
@@ -172,22 +207,44 @@ def _data_parallel(
 
 
 def baseline_plans(
-    profile: ModelProfile, cluster: Cluster, opts: PlanOptions, reference: Plan | None
+    profile: ModelProfile,
+    cluster: Cluster,
+    opts: PlanOptions,
+    reference: Plan | None,
+    *,
+    homogeneous: dict[str, Candidate | None] | None = None,
+    background: bool = False,
 ) -> dict[str, Candidate | None]:
-    """Every baseline as a scored :class:`~hetplan.solve.search.Candidate` (None where it does not fit)."""
+    """Every baseline as a scored :class:`~hetplan.solve.search.Candidate` (None where it does not fit);
+    ``homogeneous``: :func:`homogeneous_baselines` already computed (they need no reference, so a
+    caller may run them beside its own search); ``background``: the Megatron-style family is scored
+    in a second process meanwhile (:mod:`hetplan.solve.background`; the same answer)."""
+    megatron = Deferred(fastest_uniform_tp_pp, profile, cluster, opts, reference, background=background)
+    try:
+        out = _baselines_here(profile, cluster, opts, reference, homogeneous)
+        out["megatron_uniform"] = megatron.result()
+    finally:
+        megatron.close()
+    return {name: out[name] for name in BASELINES}
+
+
+def _baselines_here(
+    profile: ModelProfile,
+    cluster: Cluster,
+    opts: PlanOptions,
+    reference: Plan | None,
+    homogeneous: dict[str, Candidate | None] | None,
+) -> dict[str, Candidate | None]:
+    """The baselines but the Megatron-style one, in this process."""
     out: dict[str, Candidate | None] = {}
-
-    def score(name: str, plan: Plan | None) -> None:
-        sim = simulate_or_none(plan, profile, cluster) if plan is not None else None
-        out[name] = Candidate(name, plan, float("nan"), sim) if sim is not None else None
-
+    score = _Scorer(profile, cluster)
     n = len(profile.blocks)
     if reference is not None:
         shares = equal_shares(opts.global_batch, len(reference.pipelines))
         uniform = [[round(i * n / len(p.stages)) for i in range(len(p.stages) + 1)] for p in reference.pipelines]
-        score("uniform", _recut(reference, uniform, shares))
+        out["uniform"] = score("uniform", _recut(reference, uniform, shares))
         params = [float(b.params) + 1e-9 for b in profile.blocks]
-        score(
+        out["deepspeed_parameters"] = score(
             "deepspeed_parameters",
             _recut(reference, [balanced_cuts(params, len(p.stages)) for p in reference.pipelines], shares),
         )
@@ -196,9 +253,23 @@ def baseline_plans(
             first = cluster.device(p.stages[0].devices[0]).type
             times = [sum(profile.block_time(i, first, 1)) for i in range(n)]
             cuts.append(balanced_cuts(times, len(p.stages)))
-        score("torchgpipe_time", _recut(reference, cuts, shares))
+        out["torchgpipe_time"] = score("torchgpipe_time", _recut(reference, cuts, shares))
     else:
         out.update(dict.fromkeys(("uniform", "deepspeed_parameters", "torchgpipe_time")))
+    out.update(homogeneous if homogeneous is not None else homogeneous_baselines(profile, cluster, opts))
+    sizes = sorted(opts.micro_batch_sizes or (1, 2, 4, 8), reverse=True)
+    for name, proportional in (("data_parallel_equal", False), ("data_parallel_proportional", True)):
+        # the largest micro-batch (up to 8, or the sizes asked for) at which every device holds the model
+        for m in [s for s in sizes if s <= 8] or sizes[-1:]:
+            out[name] = score(name, _data_parallel(profile, cluster, opts, proportional=proportional, micro=m))
+            if out[name] is not None:
+                break
+    return out
+
+
+def homogeneous_baselines(profile: ModelProfile, cluster: Cluster, opts: PlanOptions) -> dict[str, Candidate | None]:
+    """``homogeneous_slowest`` and ``homogeneous_average``: hetplan's search on the cluster taken as
+    one device type, its plan simulated on the real devices."""
     inner = PlanOptions(
         global_batch=opts.global_batch,
         schedule=opts.schedule,
@@ -209,24 +280,44 @@ def baseline_plans(
         refine=False,
         baselines=False,
     )
+    score = _Scorer(profile, cluster)
+    out: dict[str, Candidate | None] = {}
     for mode in ("slowest", "average"):
         h_profile, h_cluster = _homogeneous_inputs(profile, cluster, mode)
         try:
             h_plan = search_only(h_profile, h_cluster, inner).plan
         except HetplanError:  # nothing fits when every device is taken as that type: a result
             h_plan = None
-        score(f"homogeneous_{mode}", h_plan)
-    family = uniform_tp_pp_plans(profile, cluster, opts, reference)
-    fitting = [c for c in family.values() if c is not None]
-    out["megatron_uniform"] = min(fitting, key=lambda c: c.sim.iteration_s) if fitting else None
-    sizes = sorted(opts.micro_batch_sizes or (1, 2, 4, 8), reverse=True)
-    for name, proportional in (("data_parallel_equal", False), ("data_parallel_proportional", True)):
-        # the largest micro-batch (up to 8, or the sizes asked for) at which every device holds the model
-        for m in [s for s in sizes if s <= 8] or sizes[-1:]:
-            score(name, _data_parallel(profile, cluster, opts, proportional=proportional, micro=m))
-            if out[name] is not None:
-                break
+        out[f"homogeneous_{mode}"] = score(f"homogeneous_{mode}", h_plan)
     return out
+
+
+class _Scorer:
+    """A baseline plan simulated on the real cluster, as a candidate (None where it does not fit or
+    there is no plan); plans that run alike are simulated once (equal layers give equal cuts)."""
+
+    def __init__(self, profile: ModelProfile, cluster: Cluster) -> None:
+        self.profile, self.cluster = profile, cluster
+        self.scored: list[tuple[Plan, SimResult | None]] = []
+
+    def __call__(self, name: str, plan: Plan | None) -> Candidate | None:
+        if plan is None:
+            return None
+        same = next((sim for seen, sim in self.scored if _runs_alike(seen, plan)), _UNSEEN)
+        if same is _UNSEEN:
+            same = simulate_or_none(plan, self.profile, self.cluster)
+            self.scored.append((plan, same))
+        return Candidate(name, plan, float("nan"), same) if same is not None else None
+
+
+_UNSEEN = object()
+
+
+def _runs_alike(a: Plan, b: Plan) -> bool:
+    """The two plans run the same iteration (what the simulator reads is equal; their predictions,
+    details and file may differ)."""
+    fields = ("global_batch", "pipelines", "schedule", "dtype", "optimizer", "sync", "sync_options", "zero")
+    return all(getattr(a, f) == getattr(b, f) for f in fields)
 
 
 def _megatron_layout(cluster: Cluster, tp: int, pp: int, batch: int) -> list[list[list[str]]] | None:
@@ -278,57 +369,112 @@ def uniform_tp_pp_plans(
     """``"TP t x PP p"`` -> the Megatron-style uniform plan (see the module docstring), scored by the
     simulator, for every degree the profile has and every depth up to ``opts.max_stages`` and the
     blocks; None where it does not fit (or cannot be laid out: a TP group across nodes)."""
+    out: dict[str, Candidate | None] = {}
+    for name, configs in _uniform_families(profile, cluster, opts, reference).items():
+        out[name] = None
+        for plan in configs:
+            sim = simulate_or_none(plan, profile, cluster)
+            if sim is not None:
+                out[name] = Candidate(name, plan, float("nan"), sim)
+                break
+    return out
+
+
+def fastest_uniform_tp_pp(
+    profile: ModelProfile, cluster: Cluster, opts: PlanOptions, reference: Plan | None
+) -> Candidate | None:
+    """The fastest of :func:`uniform_tp_pp_plans` (the first in its order among equals), simulating
+    only what could still win: each family's settings in preference order are memory-checked and
+    simulated in the order of :func:`~hetplan.simulate.bounds.iteration_lower_bound`, until the best
+    simulated iteration is below every bound left. Same answer; on 512 devices a few event runs
+    instead of twenty."""
+    families = _uniform_families(profile, cluster, opts, reference)
+    costs = CostModel(profile, cluster, optimizer=opts.optimizer)
+    bounds = {
+        name: [iteration_lower_bound(plan, profile, cluster, costs) for plan in configs]
+        for name, configs in families.items()
+    }
+    heap = [(min(bounds[name]), order, name, 0) for order, name in enumerate(families) if families[name]]
+    heapq.heapify(heap)
+    best: tuple[float, int, Candidate] | None = None
+    while heap:
+        bound, order, name, i = heapq.heappop(heap)
+        if best is not None and bound > best[0]:
+            break
+        plan = families[name][i]
+        walked = memory_if_fits(plan, profile, cluster)
+        if walked is None:  # the family's next setting is its plan now
+            if i + 1 < len(families[name]):
+                heapq.heappush(heap, (min(bounds[name][i + 1 :]), order, name, i + 1))
+            continue
+        sim = simulate_walked(plan, profile, cluster, walked)
+        if best is None or (sim.iteration_s, order) < best[:2]:
+            best = (sim.iteration_s, order, Candidate(name, plan, float("nan"), sim))
+    return best[2] if best is not None else None
+
+
+def _uniform_families(
+    profile: ModelProfile, cluster: Cluster, opts: PlanOptions, reference: Plan | None
+) -> dict[str, list[Plan]]:
+    """``"TP t x PP p"`` -> its plans in preference order (micro-batch size, then recomputation
+    none/selective/full, then ZeRO-1 off/on) that pass the closed-form memory check; the first of
+    them the memory walk accepts is the family's plan. Empty where none could fit or it cannot be
+    laid out (a TP group across nodes or types, a block without the degree)."""
     tables = CostTables(profile, cluster, optimizer=opts.optimizer)
     degrees = sorted({t for b in range(tables.n) for t in tables.tp_options(b, b + 1)})
     preferred = max(reference.pipelines[0].micro_batches) if reference is not None else 1
     sizes = sorted({m for m in (opts.micro_batch_sizes or (1, 2, 4, 8)) if m <= preferred} | {1}, reverse=True)
-    out: dict[str, Candidate | None] = {}
+    out: dict[str, list[Plan]] = {}
     for tp in degrees:
         pp = 1
         while pp <= min(opts.max_stages, tables.n) and tp * pp <= len(cluster.devices):
-            out[f"TP {tp} x PP {pp}"] = _first_fitting(profile, cluster, tables, opts, tp, pp, sizes)
+            out[f"TP {tp} x PP {pp}"] = _settings(cluster, tables, opts, tp, pp, sizes)
             pp *= 2
     return out
 
 
-def _first_fitting(
-    profile: ModelProfile, cluster: Cluster, tables: CostTables, opts: PlanOptions, tp: int, pp: int, sizes: list[int]
-) -> Candidate | None:
-    """The first of (micro-batch size, recomputation, ZeRO) in preference order that fits, scored."""
+def _settings(
+    cluster: Cluster, tables: CostTables, opts: PlanOptions, tp: int, pp: int, sizes: list[int]
+) -> list[Plan]:
+    """One family's plans over (micro-batch size, recomputation, ZeRO) in preference order that the
+    closed form lets through (the memory walk of a large plan is not free)."""
     layout = _megatron_layout(cluster, tp, pp, opts.global_batch)
     if layout is None:
-        return None
+        return []
+    out = []
     for m in sizes:
         for recompute in ("none", "selective", "full"):
             for zero in (0, 1) if len(layout) > 1 else (0,):
                 plan = _uniform_plan(layout, tables, opts, tp, m, recompute, zero)
                 if plan is None:
-                    return None
-                if not _fits(plan, tables, cluster):
-                    continue  # the closed form first: the memory walk of a large plan is not free
-                sim = simulate_or_none(plan, profile, cluster)
-                if sim is not None:
-                    return Candidate(f"TP {tp} x PP {pp}", plan, float("nan"), sim)
-    return None
+                    return []
+                if _fits(plan, tables, cluster):
+                    out.append(plan)
+    return out
 
 
 def _fits(plan: Plan, tables: CostTables, cluster: Cluster) -> bool:
-    """Every stage of the first pipeline fits by :meth:`CostTables.fits` (all pipelines are alike)."""
-    p = plan.pipelines[0]
+    """Every stage fits by :meth:`CostTables.fits` on every device type it lands on (the pipelines
+    run alike, but a later one may sit on smaller devices than the first)."""
     holders = len(plan.pipelines)
-    for si, s in enumerate(p.stages):
-        held = min(len(p.stages) - si, len(p.micro_batches))
-        device = cluster.device(s.devices[0]).type
-        if not tables.fits(
-            device,
-            s.start,
-            s.end,
-            m=max(p.micro_batches),
-            in_flight=held,
-            tp=s.tensor_parallel,
-            recompute=s.recompute,
-            zero_holders=holders if plan.zero else 1,
-            reduced=holders > 1,
-        ):
-            return False
+    seen: set[tuple] = set()
+    for p in plan.pipelines:
+        for si, s in enumerate(p.stages):
+            device = cluster.device(s.devices[0]).type  # a TP group is one type
+            key = (si, device.name, p.micro_batches)
+            if key in seen:
+                continue
+            seen.add(key)
+            if not tables.fits(
+                device,
+                s.start,
+                s.end,
+                m=max(p.micro_batches),
+                in_flight=min(len(p.stages) - si, len(p.micro_batches)),
+                tp=s.tensor_parallel,
+                recompute=s.recompute,
+                zero_holders=holders if plan.zero else 1,
+                reduced=holders > 1,
+            ):
+                return False
     return True

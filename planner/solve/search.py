@@ -331,12 +331,12 @@ class _Search:
         self.cache: dict[tuple, Partition | None] = {}
         self.signatures: dict[tuple, int] = {}
         self._interned: dict[tuple, int] = {}
-        self._structure_signatures: dict[int, tuple[Structure, list[int]]] = {}
         self._pipeline_signatures: dict[int, tuple[tuple[Slot, ...], int]] = {}
         self._slot_counts: dict[int, tuple[Slot, list[tuple[str, int]]]] = {}
         self._links: dict[int, list[Link]] = {}
         self._sync_floors: dict[int, tuple[Structure, float]] = {}
         self._groups: dict[int, tuple[Structure, _Groups]] = {}
+        self._parts: dict[int, tuple[tuple, tuple[np.ndarray, list[Device], dict[str, int]]]] = {}
         self._size_rows: dict[tuple[int, int, int], np.ndarray] = {}
         self._floor_rows: dict[tuple, np.ndarray | None] = {}
         self._lower_rows: dict[tuple, np.ndarray] = {}
@@ -370,15 +370,6 @@ class _Search:
             found = self._links[signature] = [_slowest_link(self.cluster, a, b) for a, b in itertools.pairwise(slots)]
         return found
 
-    def signatures_of(self, structure: Structure) -> list[int]:
-        """Each pipeline's :meth:`signature`, cached per structure (a structure is evaluated and
-        bounded several times)."""
-        found = self._structure_signatures.get(id(structure))
-        if found is None or found[0] is not structure:
-            found = (structure, [self.signature(slots) for slots in structure.pipelines])
-            self._structure_signatures[id(structure)] = found
-        return found[1]
-
     def size_row(self, part: Partition, m: int, smallest: int) -> np.ndarray:
         """:func:`_size_row` over every share up to the batch (cached: partitions are kept alive)."""
         key = (id(part), m, smallest)
@@ -398,31 +389,53 @@ class _Search:
         return self._floor_rows[key]
 
     def groups_of(self, structure: Structure) -> _Groups:
-        """:class:`_Groups` of a structure (cached per structure object)."""
+        """:class:`_Groups` of a structure (cached per structure object; built from its shared
+        ``parts`` where it has them, each part's pipelines looked at once per search)."""
         same = self._groups.get(id(structure))
         if same is None or same[0] is not structure:
-            index: dict[int, int] = {}
-            slots_of: list[tuple[Slot, ...]] = []
-            which = []
-            for slots, sig in zip(structure.pipelines, self.signatures_of(structure), strict=True):
-                group = index.get(sig)
-                if group is None:
-                    group = index[sig] = len(slots_of)
-                    slots_of.append(slots)
-                which.append(group)
+            parts = structure.parts or (structure.pipelines,)
+            sigs: list[np.ndarray] = []
+            devices: list[Device] = []
             counts: dict[str, int] = {}
-            for slots in structure.pipelines:
-                for node, count in self._node_counts(slots[0]):
+            for part in parts:
+                part_sigs, part_devices, part_counts = self._part(part)
+                sigs.append(part_sigs)
+                devices.extend(part_devices)
+                for node, count in part_counts.items():
                     counts[node] = counts.get(node, 0) + count
+            every = np.concatenate(sigs) if len(sigs) > 1 else sigs[0]
+            # groups in order of first appearance, as a dict over the pipelines would number them
+            distinct, first_at, inverse = np.unique(every, return_index=True, return_inverse=True)
+            order = np.argsort(first_at, kind="stable")
+            rank = np.empty(len(order), dtype=np.int64)
+            rank[order] = np.arange(len(order))
+            which = rank[inverse.ravel()]
             groups = _Groups(
-                signatures=list(index),
-                slots=slots_of,
-                which=np.asarray(which, dtype=np.int64),
-                copies=np.bincount(which, minlength=len(index)).tolist(),
-                first_devices=[d for slots in structure.pipelines for d in slots[0].devices],
+                signatures=[int(distinct[g]) for g in order],
+                slots=[structure.pipelines[int(first_at[g])] for g in order],
+                which=which,
+                copies=np.bincount(which, minlength=len(order)).tolist(),
+                first_devices=devices,
                 first_counts=counts,
             )
             same = self._groups[id(structure)] = (structure, groups)
+        return same[1]
+
+    def _part(self, part: tuple[tuple[Slot, ...], ...]) -> tuple[np.ndarray, list[Device], dict[str, int]]:
+        """A list of pipelines' signatures, first stages' devices and those per node (cached per
+        list object: the structured families share one among many structures)."""
+        same = self._parts.get(id(part))
+        if same is None or same[0] is not part:
+            counts: dict[str, int] = {}
+            for slots in part:
+                for node, count in self._node_counts(slots[0]):
+                    counts[node] = counts.get(node, 0) + count
+            found = (
+                np.asarray([self.signature(slots) for slots in part], dtype=np.int64),
+                [d for slots in part for d in slots[0].devices],
+                counts,
+            )
+            same = self._parts[id(part)] = (part, found)
         return same[1]
 
     def sizes_for(self, n_pipes: int) -> list[int]:
@@ -822,35 +835,86 @@ def _replace_pipelines(plan: Plan, pipelines: list[Pipeline]) -> Plan:
     return replace(plan, pipelines=pipelines)
 
 
-def _moves(plan: Plan, m_of: list[int], tables: CostTables) -> list[Plan]:
-    """Neighbouring plans: one cut moved by one block (where both stages keep their TP degree and
-    every block keeps one degree), or one micro-batch of samples moved."""
+#: Recomputation from the least added time to the least memory (as the search and the brute force order it).
+_RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+def _recompute_steps(before: Stage, after: Stage) -> list[str]:
+    """The recomputation a stage keeps after a cut moved, and the next one towards less memory
+    where it grew (it may no longer fit) or towards less time where it shrank (it may not need it)."""
+    i = _RECOMPUTE_ORDER.index(before.recompute)
+    grew = after.end - after.start > before.end - before.start
+    shrank = after.end - after.start < before.end - before.start
+    other = i + 1 if grew else i - 1 if shrank else -1
+    return [before.recompute] + ([_RECOMPUTE_ORDER[other]] if 0 <= other < len(_RECOMPUTE_ORDER) else [])
+
+
+def _moves(plan: Plan, tables: CostTables, sizes: tuple[int, ...]) -> list[Plan]:
+    """Neighbouring plans: one cut moved by one block, or a middle stage's range slid by one block
+    (both its cuts at once: which stage holds the bottleneck matters to the fill and drain, and
+    one cut at a time passes through a worse plan), each stage it touches at its recomputation or
+    the next step (:func:`_recompute_steps`), where every stage keeps its TP degree and every
+    block keeps one degree; or one sample moved between two pipelines, each of them at its own
+    micro-batch size or the next smaller or larger of ``sizes``, or one pipeline's micro-batch size
+    changed to the next smaller or larger (the closed form prices a remainder micro-batch in
+    proportion to its size, optimistic where two samples run more efficiently together than one,
+    so a share and a size the search chose can both be off by one step)."""
     out = []
+    m_of = [max(p.micro_batches) for p in plan.pipelines]
     for pi, p in enumerate(plan.pipelines):
-        for si in range(1, len(p.stages)):
-            for delta in (-1, 1):
-                cut = p.stages[si].start + delta
-                if p.stages[si - 1].start < cut < p.stages[si].end:
-                    stages = list(p.stages)
-                    a, b = stages[si - 1], stages[si]
-                    stages[si - 1] = replace(a, end=cut)
-                    stages[si] = replace(b, start=cut)
-                    if any(s.tensor_parallel not in tables.tp_options(s.start, s.end) for s in stages[si - 1 : si + 1]):
-                        continue
-                    pipes = list(plan.pipelines)
-                    pipes[pi] = Pipeline(p.batch, p.micro_batches, tuple(stages))
-                    moved = _replace_pipelines(plan, pipes)
-                    if block_degrees(moved) is not None:
-                        out.append(moved)
+        moves = [((si,), delta) for si in range(1, len(p.stages)) for delta in (-1, 1)]
+        moves += [((si, si + 1), delta) for si in range(1, len(p.stages) - 1) for delta in (-1, 1)]
+        for cut_at, delta in moves:
+            bounds = [s.start for s in p.stages] + [p.stages[-1].end]
+            for si in cut_at:
+                bounds[si] += delta
+            if any(lo >= hi for lo, hi in itertools.pairwise(bounds)):
+                continue
+            stages = [replace(s, start=bounds[i], end=bounds[i + 1]) for i, s in enumerate(p.stages)]
+            touched = range(cut_at[0] - 1, cut_at[-1] + 1)
+            if any(stages[i].tensor_parallel not in tables.tp_options(stages[i].start, stages[i].end) for i in touched):
+                continue
+            # a stage that grew may need one step more recomputation to fit, one that shrank one step less
+            choices = [_recompute_steps(p.stages[i], stages[i]) for i in touched]
+            for settings in itertools.product(*choices):
+                tried = list(stages)
+                for i, recompute in zip(touched, settings, strict=True):
+                    tried[i] = replace(tried[i], recompute=recompute)
+                pipes = list(plan.pipelines)
+                pipes[pi] = Pipeline(p.batch, p.micro_batches, tuple(tried))
+                moved = _replace_pipelines(plan, pipes)
+                if block_degrees(moved) is not None:
+                    out.append(moved)
+
+    def near(m: int) -> list[int]:  # m, then its neighbours among the sizes
+        below = [x for x in sizes if x < m]
+        above = [x for x in sizes if x > m]
+        return [m, *below[-1:], *above[:1]]
+
+    def resized(p: Pipeline, batch: int, m: int) -> Pipeline:
+        return Pipeline(batch, micro_batch_list(batch, min(m, batch)), p.stages)
+
     for src in range(len(plan.pipelines)):
         for dst in range(len(plan.pipelines)):
             if src == dst or plan.pipelines[src].batch <= 1:
                 continue
-            pipes = list(plan.pipelines)
-            s, d = pipes[src], pipes[dst]
-            pipes[src] = Pipeline(s.batch - 1, micro_batch_list(s.batch - 1, m_of[src]), s.stages)
-            pipes[dst] = Pipeline(d.batch + 1, micro_batch_list(d.batch + 1, m_of[dst]), d.stages)
-            out.append(_replace_pipelines(plan, pipes))
+            s, d = plan.pipelines[src], plan.pipelines[dst]
+            seen = set()
+            for m_src, m_dst in itertools.product(near(m_of[src]), near(m_of[dst])):
+                pipes = list(plan.pipelines)
+                pipes[src] = resized(s, s.batch - 1, m_src)
+                pipes[dst] = resized(d, d.batch + 1, m_dst)
+                key = (pipes[src].micro_batches, pipes[dst].micro_batches)
+                if key not in seen:
+                    seen.add(key)
+                    out.append(_replace_pipelines(plan, pipes))
+    for pi, p in enumerate(plan.pipelines):
+        for m in near(m_of[pi])[1:]:
+            changed = resized(p, p.batch, m)
+            if changed.micro_batches != p.micro_batches:
+                pipes = list(plan.pipelines)
+                pipes[pi] = changed
+                out.append(_replace_pipelines(plan, pipes))
     return out
 
 
@@ -862,8 +926,10 @@ def _refine(
     *,
     local_search: bool,
     budget: list[int] | None = None,
+    sizes: tuple[int, ...] = (),
 ) -> Candidate:
-    """Startup splitting, then (small plans) hill-climbing on cuts and batch shares.
+    """Startup splitting, then (small plans) hill-climbing on cuts, batch shares and micro-batch
+    sizes (``sizes``: those the search may use).
 
     Startup splitting is tried per pipeline on small plans; with many pipelines each variant is
     applied to every pipeline at once (one simulation per variant, not per pipeline).
@@ -889,13 +955,13 @@ def _refine(
         if result is not None and result.iteration_s < sim.iteration_s * (1 - 1e-9):
             plan, sim = trial, result
     if local_search:
-        m_of = [max(p.micro_batches) for p in plan.pipelines]
+        sizes = sizes or tuple(sorted({max(p.micro_batches) for p in plan.pipelines}))
         budget = budget if budget is not None else [_REFINE_TASKS]
         for _ in range(50):  # steepest descent: the best neighbour each round (first-improvement stalls early)
             step_plan, step_sim = plan, sim
             if budget[0] <= 0:
                 break
-            for trial in _moves(plan, m_of, tables):
+            for trial in _moves(plan, tables, sizes):
                 result = simulate_or_none(trial, profile, cluster)
                 budget[0] -= sim.n_tasks
                 if result is not None and result.iteration_s < step_sim.iteration_s * (1 - 1e-9):
@@ -1043,7 +1109,10 @@ def best_plan(
         small = len(cluster.devices) <= _LOCAL_SEARCH_DEVICES
         ranked = sorted(pool, key=lambda c: c.sim.iteration_s)[: _REFINED_CANDIDATES if small else 1]
         budget = [_REFINE_TASKS]  # simulated tasks, shared: deterministic, unlike a time limit
-        refined = [_refine(c, profile, cluster, search.tables, local_search=small, budget=budget) for c in ranked]
+        refined = [
+            _refine(c, profile, cluster, search.tables, local_search=small, budget=budget, sizes=search.sizes)
+            for c in ranked
+        ]
         best = min(refined, key=lambda c: c.sim.iteration_s)
     best, zero_alternative = _settle_zero(best, profile, cluster)
     lower = compute_lower_bound(search.tables, cluster, opts.global_batch, list(search.sizes))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hetplan.contracts.cluster import Cluster, Device
 from hetplan.solve.mapping import pair_nodes
@@ -41,10 +41,14 @@ EXHAUSTIVE_STRUCTURES = 2000
 
 @dataclass(frozen=True)
 class Structure:
-    """Pipelines as ordered stage slots; ``label`` says which family produced it."""
+    """Pipelines as ordered stage slots; ``label`` says which family produced it. ``parts``: where
+    the pipelines are the concatenation of lists that other structures share (one per device type
+    in the structured families), those lists, in order (the search caches per list; empty: not
+    known). Not part of a structure's identity: two structures with the same pipelines are equal."""
 
     pipelines: tuple[tuple[Slot, ...], ...]
     label: str
+    parts: tuple[tuple[tuple[Slot, ...], ...], ...] = field(default=(), compare=False, repr=False)
 
     def devices(self) -> list[Device]:
         return [d for p in self.pipelines for s in p for d in s.devices]
@@ -169,14 +173,16 @@ def structured_families(cluster: Cluster, *, max_stages: int) -> Iterator[Struct
             shapes.append((f"{type_name}: data parallel", [(Slot.of([d]),) for c in classes for d in c]))
         return shapes
 
-    per_type = {t: type_shapes(t) for t in types}
+    # each type's shapes as tuples, made once: every structure that combines one shares the object
+    per_type = {t: [(name, tuple(pipes)) for name, pipes in type_shapes(t)] for t in types}
     for subset_size in range(len(types), 0, -1):
         for subset in itertools.combinations(types, subset_size):
             for combo in itertools.product(*(per_type[t] for t in subset)):
                 label = "; ".join(name for name, _ in combo)
                 if subset_size < len(types):
                     label += f" (idle: {', '.join(t for t in types if t not in subset)})"
-                yield Structure(tuple(p for _, pipes in combo for p in pipes), label)
+                parts = tuple(pipes for _, pipes in combo)
+                yield Structure(tuple(p for pipes in parts for p in pipes), label, parts)
 
     # mixed virtual workers (HetPipe): inside each node, and across one node of each type
     yield from _mixed_workers(cluster, by_type, max_stages=max_stages)

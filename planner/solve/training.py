@@ -21,11 +21,16 @@ from hetplan.contracts.plan import Plan, parse_plan
 from hetplan.errors import HetplanError
 from hetplan.simulate import simulate
 from hetplan.simulate.simulator import SimResult
-from hetplan.solve.baselines import baseline_plans
+from hetplan.solve.background import Deferred
+from hetplan.solve.baselines import baseline_plans, homogeneous_baselines
 from hetplan.solve.search import PlanOptions, PlanResult, best_plan, search_plans
 from hetplan.solve.sync_refine import refine_for_sync
 
 __all__ = ["plan_training"]
+
+#: From this many devices some baselines run in a second process (below, they take less than
+#: starting one: milliseconds on the bundled small clusters).
+_BACKGROUND_DEVICES = 64
 
 
 def plan_training(
@@ -37,11 +42,23 @@ def plan_training(
 ) -> PlanResult:
     """Search for the fastest plan, score the baselines on the same simulator, keep the fastest
     (baselines are candidates too: the plan is never slower than any of them)."""
-    searched = search_plans(profile, cluster, opts, progress=progress)
-    baselines = {}
+    # the homogeneous baselines need no search result: on a large cluster they run beside the search
+    # (and the Megatron-style family beside the other baselines)
+    homogeneous = None
+    beside = len(cluster.devices) >= _BACKGROUND_DEVICES
     if opts.baselines:
-        reference = min(searched.scored, key=lambda c: c.sim.iteration_s).plan if searched.scored else None
-        baselines = baseline_plans(profile, cluster, opts, reference)
+        homogeneous = Deferred(homogeneous_baselines, profile, cluster, opts, background=beside)
+    try:
+        searched = search_plans(profile, cluster, opts, progress=progress)
+        baselines = {}
+        if homogeneous is not None:
+            reference = min(searched.scored, key=lambda c: c.sim.iteration_s).plan if searched.scored else None
+            baselines = baseline_plans(
+                profile, cluster, opts, reference, homogeneous=homogeneous.result(), background=beside
+            )
+    finally:
+        if homogeneous is not None:
+            homogeneous.close()
     result = best_plan(searched, baselines, profile, cluster, opts)
     if opts.sync != "allreduce":
         result = _for_sync(result, profile, cluster, opts)
