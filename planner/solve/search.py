@@ -78,6 +78,8 @@ __all__ = [
 
 _LOCAL_SEARCH_DEVICES = 8  # up to this many devices, refine with simulator-driven hill-climbing
 _REFINED_CANDIDATES = 24  # ... starting from this many of the best simulated candidates,
+_REFINED_WITHIN = 0.10  # ... and every other within this fraction of the best (the closed form's
+# position-blind fill and drain and its remainder pricing misjudge by up to a stage's time),
 _FEW_PIPELINES = 16  # up to this many pipelines, try every startup-splitting variant
 _REFINE_TASKS = 120_000  # ... until this many simulated tasks are spent (about 1-2 s here)
 _BOUND_SLACK = 1e-9  # relative: a structure's bound is lowered by this before it prunes (float sums)
@@ -1107,7 +1109,12 @@ def best_plan(
         # small clusters: hill-climb from the few best simulated candidates, not only the winner; the
         # closed form that picked each one's cuts and shares can misjudge which structure wins
         small = len(cluster.devices) <= _LOCAL_SEARCH_DEVICES
-        ranked = sorted(pool, key=lambda c: c.sim.iteration_s)[: _REFINED_CANDIDATES if small else 1]
+        ranked = sorted(pool, key=lambda c: c.sim.iteration_s)
+        if small:
+            near = ranked[0].sim.iteration_s * (1 + _REFINED_WITHIN)
+            ranked = [c for i, c in enumerate(ranked) if i < _REFINED_CANDIDATES or c.sim.iteration_s <= near]
+        else:
+            ranked = ranked[:1]
         budget = [_REFINE_TASKS]  # simulated tasks, shared: deterministic, unlike a time limit
         refined = [
             _refine(c, profile, cluster, search.tables, local_search=small, budget=budget, sizes=search.sizes)
