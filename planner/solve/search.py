@@ -76,11 +76,11 @@ __all__ = [
     "simulate_or_none",
 ]
 
-_LOCAL_SEARCH_DEVICES = 8  # up to this many devices, refine with simulator-driven hill-climbing
-_REFINED_CANDIDATES = 24  # ... starting from this many of the best simulated candidates,
-_REFINED_WITHIN = 0.10  # ... and every other within this fraction of the best (the closed form's
-# position-blind fill and drain and its remainder pricing misjudge by up to a stage's time),
 _FEW_PIPELINES = 16  # up to this many pipelines, try every startup-splitting variant
+_LOCAL_SEARCH_DEVICES = 8  # up to this many devices, refine with simulator-driven hill-climbing
+# from every simulated candidate, best first (the closed form that picked each one's cuts, shares
+# and sizes is blind to where a bottleneck stage sits and prices a remainder micro-batch in
+# proportion to its size, so a candidate far down the ranking can be one move from the optimum),
 _REFINE_TASKS = 120_000  # ... until this many simulated tasks are spent (about 1-2 s here)
 _BOUND_SLACK = 1e-9  # relative: a structure's bound is lowered by this before it prunes (float sums)
 
@@ -851,6 +851,31 @@ def _recompute_steps(before: Stage, after: Stage) -> list[str]:
     return [before.recompute] + ([_RECOMPUTE_ORDER[other]] if 0 <= other < len(_RECOMPUTE_ORDER) else [])
 
 
+def _fitted(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Plan | None:
+    """``plan`` with every stage whose devices run out of memory moved along none, selective, full
+    until all fit, one step a round (a stage's recomputation changes its own memory only); None
+    where a stage at full recomputation still does not fit. What the brute force does per stage,
+    for a move of the refinement that changed a stage's memory (a sample, a micro-batch size)."""
+    for _ in range(len(_RECOMPUTE_ORDER)):
+        compiled = compile_plan(plan, len(profile.blocks))
+        memory = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan)
+        over = sorted(
+            {(compiled.programs[a].pipeline, compiled.programs[a].stage) for a, u in memory.items() if not u.fits}
+        )
+        if not over:
+            return plan
+        pipes = list(plan.pipelines)
+        for pi, si in over:
+            stages = list(pipes[pi].stages)
+            step = _RECOMPUTE_ORDER.index(stages[si].recompute) + 1
+            if step == len(_RECOMPUTE_ORDER):
+                return None
+            stages[si] = replace(stages[si], recompute=_RECOMPUTE_ORDER[step])
+            pipes[pi] = Pipeline(pipes[pi].batch, pipes[pi].micro_batches, tuple(stages))
+        plan = _replace_pipelines(plan, pipes)
+    return None
+
+
 def _moves(plan: Plan, tables: CostTables, sizes: tuple[int, ...]) -> list[Plan]:
     """Neighbouring plans: one cut moved by one block, or a middle stage's range slid by one block
     (both its cuts at once: which stage holds the bottleneck matters to the fill and drain, and
@@ -966,6 +991,11 @@ def _refine(
             for trial in _moves(plan, tables, sizes):
                 result = simulate_or_none(trial, profile, cluster)
                 budget[0] -= sim.n_tasks
+                if result is None:  # out of memory: the same move with the recomputation it needs
+                    fitted = _fitted(trial, profile, cluster)
+                    if fitted is not None and fitted != trial:
+                        trial, result = fitted, simulate_or_none(fitted, profile, cluster)
+                        budget[0] -= sim.n_tasks
                 if result is not None and result.iteration_s < step_sim.iteration_s * (1 - 1e-9):
                     step_plan, step_sim = trial, result
             if step_plan is plan:
@@ -1110,10 +1140,7 @@ def best_plan(
         # closed form that picked each one's cuts and shares can misjudge which structure wins
         small = len(cluster.devices) <= _LOCAL_SEARCH_DEVICES
         ranked = sorted(pool, key=lambda c: c.sim.iteration_s)
-        if small:
-            near = ranked[0].sim.iteration_s * (1 + _REFINED_WITHIN)
-            ranked = [c for i, c in enumerate(ranked) if i < _REFINED_CANDIDATES or c.sim.iteration_s <= near]
-        else:
+        if not small:
             ranked = ranked[:1]
         budget = [_REFINE_TASKS]  # simulated tasks, shared: deterministic, unlike a time limit
         refined = [

@@ -212,7 +212,7 @@ def _merge(devices: list[tuple[str, int]]) -> list[tuple[str, int]]:
     )
 )
 # and a fourth: A100 > TP-2 T4s with micro-batches 1 and 2; the DP's cut for that order is off by one
-# and the candidate is not among the 24 best simulated ones: every candidate within 10% is refined
+# and the candidate is not among the 24 best simulated ones: every candidate is refined now
 @example(
     instance=(
         {"n0": [("A100-80GB", 1), ("T4", 1), ("T4", 1), ("T4", 1)]},
@@ -227,6 +227,47 @@ def _merge(devices: list[tuple[str, int]]) -> list[tuple[str, int]]:
             "params": 0,
             "activation_bytes": 0.0,
             "tp_speedup": 1.9,
+            "allreduce_bytes": 1e6,
+            "pair": 1.5,
+        },
+        3,
+        "1GB/s",
+    )
+)
+# and a fifth: one pipeline TP-2 T4s > A100 with micro-batches 1 and 2, its DP cut 1 block early
+# and its candidate 15% behind the best simulated one
+@example(
+    instance=(
+        {"n0": [("A100-80GB", 1), ("T4", 1), ("T4", 1), ("T4", 1)]},
+        3,
+        {
+            t: [(k * f, k * b) for f, b in ((1.0, 1.0), (0.17, 1.187), (0.1, 1.25))]
+            for t, k in (("A100-80GB", 4 / 7), ("V100-16GB", 2.0), ("T4", 16 / 17))
+        },
+        {
+            "output_bytes": 0.0,
+            "params": 0,
+            "activation_bytes": 0.0,
+            "tp_speedup": 1.9,
+            "allreduce_bytes": 1e6,
+            "pair": 1.5,
+        },
+        3,
+        "1GB/s",
+    )
+)
+# and a sixth: moving a sample to the V100 pipeline needs selective recomputation there to fit; a
+# move that runs out of memory is retried with the recomputation it needs
+@example(
+    instance=(
+        {"n0": [("A100-80GB", 1), ("V100-16GB", 1)]},
+        2,
+        {"A100-80GB": [(1 / 3, 1 / 3)] * 2, "V100-16GB": [(0.25, 0.25)] * 2, "T4": [(1.0, 1.0)] * 2},
+        {
+            "output_bytes": 0.0,
+            "params": 10_000_000,
+            "activation_bytes": 3e9,
+            "tp_speedup": None,
             "allreduce_bytes": 1e6,
             "pair": 1.5,
         },
