@@ -135,6 +135,20 @@ def _merge(devices: list[tuple[str, int]]) -> list[tuple[str, int]]:
     return list(counts.items())
 
 
+def _found(nodes, n_blocks, per_block, *, batch, params, activation_bytes, tp_speedup, pair):
+    """An instance a random run found, as :func:`instances` draws them (no boundary bytes, 1 MB
+    all-reduces, 1 GB/s between nodes)."""
+    shape = {
+        "output_bytes": 0.0,
+        "params": params,
+        "activation_bytes": activation_bytes,
+        "tp_speedup": tp_speedup,
+        "allreduce_bytes": 1e6,
+        "pair": pair,
+    }
+    return nodes, n_blocks, per_block, shape, batch, "1GB/s"
+
+
 @settings(
     max_examples=120,
     deadline=None,
@@ -146,23 +160,18 @@ def _merge(devices: list[tuple[str, int]]) -> list[tuple[str, int]]:
 # cuts 0-3 | 3-4 | 4-5: 5.5 s); the DP's closed form ties it with 0-2 | 2-3 | 3-5 (6.5 s), and moving
 # one cut at a time from there passes through a worse plan: the refinement slides a whole stage
 @example(
-    instance=(
+    instance=_found(
         {"n0": [("A100-80GB", 1), ("A100-80GB", 1), ("V100-16GB", 1)]},
         5,
         {
             t: [(k * 0.25, k * 0.25)] * 4 + [(k * 0.25, k * 0.75)]
             for t, k in (("A100-80GB", 1), ("V100-16GB", 2), ("T4", 4))
         },
-        {
-            "output_bytes": 0.0,
-            "params": 0,
-            "activation_bytes": 0.0,
-            "tp_speedup": None,
-            "allreduce_bytes": 1e6,
-            "pair": 2.0,
-        },
-        3,
-        "1GB/s",
+        batch=3,
+        params=0,
+        activation_bytes=0.0,
+        tp_speedup=None,
+        pair=2.0,
     )
 )
 # and a second: two TP-2 pipelines (A100s, V100s), two samples 1.5x one; the optimum runs 2 and 2
@@ -170,26 +179,21 @@ def _merge(devices: list[tuple[str, int]]) -> list[tuple[str, int]]:
 # remainder of 1) too cheaply and picks 3 + 1 (3.01 s); the refinement moves a sample and changes
 # the two pipelines' micro-batch sizes in one step
 @example(
-    instance=(
+    instance=_found(
         {"n0": [("A100-80GB", 1), ("A100-80GB", 1), ("V100-16GB", 1), ("V100-16GB", 1)]},
         2,
         {"A100-80GB": [(4 / 7, 4 / 7)] * 2, "V100-16GB": [(8 / 9, 8 / 9)] * 2, "T4": [(1.0, 1.0)] * 2},
-        {
-            "output_bytes": 0.0,
-            "params": 0,
-            "activation_bytes": 0.0,
-            "tp_speedup": 1.9,
-            "allreduce_bytes": 1e6,
-            "pair": 1.5,
-        },
-        4,
-        "1GB/s",
+        batch=4,
+        params=0,
+        activation_bytes=0.0,
+        tp_speedup=1.9,
+        pair=1.5,
     )
 )
 # and a third: the optimum cuts a TP-2 V100 stage one block later than the DP and so must recompute
 # (selective) to fit; the refinement moves a cut together with one step of recomputation
 @example(
-    instance=(
+    instance=_found(
         {"n0": [("A100-80GB", 1), ("V100-16GB", 1), ("V100-16GB", 1)]},
         7,
         {
@@ -199,22 +203,17 @@ def _merge(devices: list[tuple[str, int]]) -> list[tuple[str, int]]:
             ]
             for t, k in (("A100-80GB", 1.0), ("V100-16GB", 8 / 11), ("T4", 2.0))
         },
-        {
-            "output_bytes": 0.0,
-            "params": 0,
-            "activation_bytes": 3e9,
-            "tp_speedup": 1.9,
-            "allreduce_bytes": 1e6,
-            "pair": 2.0,
-        },
-        2,
-        "1GB/s",
+        batch=2,
+        params=0,
+        activation_bytes=3e9,
+        tp_speedup=1.9,
+        pair=2.0,
     )
 )
 # and a fourth: A100 > TP-2 T4s with micro-batches 1 and 2; the DP's cut for that order is off by one
 # and the candidate is not among the 24 best simulated ones: every candidate is refined now
 @example(
-    instance=(
+    instance=_found(
         {"n0": [("A100-80GB", 1), ("T4", 1), ("T4", 1), ("T4", 1)]},
         3,
         {
@@ -222,57 +221,42 @@ def _merge(devices: list[tuple[str, int]]) -> list[tuple[str, int]]:
             "V100-16GB": [(2.0, 2.0), (1.0, 1.0), (1.0, 2.0)],
             "T4": [(1.0, 1.0), (0.5, 0.5), (0.5, 1.0)],
         },
-        {
-            "output_bytes": 0.0,
-            "params": 0,
-            "activation_bytes": 0.0,
-            "tp_speedup": 1.9,
-            "allreduce_bytes": 1e6,
-            "pair": 1.5,
-        },
-        3,
-        "1GB/s",
+        batch=3,
+        params=0,
+        activation_bytes=0.0,
+        tp_speedup=1.9,
+        pair=1.5,
     )
 )
 # and a fifth: one pipeline TP-2 T4s > A100 with micro-batches 1 and 2, its DP cut 1 block early
 # and its candidate 15% behind the best simulated one
 @example(
-    instance=(
+    instance=_found(
         {"n0": [("A100-80GB", 1), ("T4", 1), ("T4", 1), ("T4", 1)]},
         3,
         {
             t: [(k * f, k * b) for f, b in ((1.0, 1.0), (0.17, 1.187), (0.1, 1.25))]
             for t, k in (("A100-80GB", 4 / 7), ("V100-16GB", 2.0), ("T4", 16 / 17))
         },
-        {
-            "output_bytes": 0.0,
-            "params": 0,
-            "activation_bytes": 0.0,
-            "tp_speedup": 1.9,
-            "allreduce_bytes": 1e6,
-            "pair": 1.5,
-        },
-        3,
-        "1GB/s",
+        batch=3,
+        params=0,
+        activation_bytes=0.0,
+        tp_speedup=1.9,
+        pair=1.5,
     )
 )
 # and a sixth: moving a sample to the V100 pipeline needs selective recomputation there to fit; a
 # move that runs out of memory is retried with the recomputation it needs
 @example(
-    instance=(
+    instance=_found(
         {"n0": [("A100-80GB", 1), ("V100-16GB", 1)]},
         2,
         {"A100-80GB": [(1 / 3, 1 / 3)] * 2, "V100-16GB": [(0.25, 0.25)] * 2, "T4": [(1.0, 1.0)] * 2},
-        {
-            "output_bytes": 0.0,
-            "params": 10_000_000,
-            "activation_bytes": 3e9,
-            "tp_speedup": None,
-            "allreduce_bytes": 1e6,
-            "pair": 1.5,
-        },
-        3,
-        "1GB/s",
+        batch=3,
+        params=10_000_000,
+        activation_bytes=3e9,
+        tp_speedup=None,
+        pair=1.5,
     )
 )
 def test_planner_is_within_one_percent_of_exhaustive_search(instance) -> None:
