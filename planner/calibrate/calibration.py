@@ -20,6 +20,7 @@ from hetplan.calibrate.fit import RESOLUTION, FitResult, Problem, identify, reso
 from hetplan.calibrate.inputs import Observation, load_observations
 from hetplan.calibrate.memory import AllocatorPeak, ReserveFit, fit_reserves
 from hetplan.calibrate.params import Model, Param, block_kinds, candidate_params, timed_types
+from hetplan.calibrate.select import prune
 from hetplan.contracts.catalog import Catalog, load_catalog
 from hetplan.contracts.cluster import Cluster
 from hetplan.contracts.measurements import Measurements
@@ -137,12 +138,16 @@ def choose_per_kind(
     return candidate_params(raw, cluster, profile, per_kind=set(keep)), keep
 
 
-def _param_fits(params: list[Param], fit: FitResult, values: dict[Param, float]) -> list[ParamFit]:
+def _param_fits(
+    params: list[Param], fit: FitResult, values: dict[Param, float], dropped: dict[int, str]
+) -> list[ParamFit]:
     out = []
     for j, p in enumerate(params):
         share = fit.resolution.get(j)
         if j in fit.free:
             reason = f"resolution {share:.2f}"
+        elif j in dropped:
+            reason = dropped[j]
         elif j in fit.unused:
             reason = "not used by any measured plan"
         else:
@@ -161,6 +166,25 @@ def _param_fits(params: list[Param], fit: FitResult, values: dict[Param, float])
     return out
 
 
+def _leave_one_out(problem: Problem, fit: FitResult):
+    """``loo_of(free)``: each run's iteration time predicted by a fit of ``free`` to the other runs
+    (memoised per free set: pruning asks for the same sets again)."""
+    runs = list(range(len(problem.observations)))
+    memo: dict[tuple[int, ...], dict[int, float]] = {}
+
+    def loo_of(free: list[int]) -> dict[int, float]:
+        key = tuple(free)
+        if key not in memo:
+            out = {}
+            for i in runs:
+                theta, _ = solve(problem, list(free), [r for r in runs if r != i], start=fit.theta)
+                out[i] = problem.simulate(theta, [i], list(free))[i].iteration_s
+            memo[key] = out
+        return memo[key]
+
+    return loo_of
+
+
 def calibrate(
     profile: ModelProfile,
     raw_cluster: dict,
@@ -174,20 +198,29 @@ def calibrate(
     model = Model(profile, raw_cluster, cluster, catalog, params)
     problem = Problem(model, observations)
     fit = identify(problem, list(range(len(params))))
-    values = {params[j]: round6(params[j].value(float(fit.theta[j]))) for j in fit.free}
     runs = list(range(len(observations)))
-
     before = problem.simulate(np.zeros(len(params)), runs, active=[])
+    loo_of = _leave_one_out(problem, fit)
+    raw_errors = np.array([before[i].iteration_s / obs.iteration_s - 1.0 for i, obs in enumerate(observations)])
+    measured = np.array([obs.iteration_s for obs in observations])
+    pruned = prune(
+        fit.free,
+        lambda free: np.array([loo_of(free)[i] for i in runs]) / measured - 1.0,
+        raw_errors,
+        lambda j: params[j].name,
+        len(observations),
+    )
+    if pruned.kept != fit.free:
+        theta, _ = solve(problem, pruned.kept, runs, start=fit.theta)
+        fit = FitResult(theta, pruned.kept, fit.resolution, fit.unused, fit.rounds)
+    values = {params[j]: round6(params[j].value(float(fit.theta[j]))) for j in fit.free}
+
     fitted_profile, fitted_cluster = model.build(values)
     after = {
         i: simulate(obs.plan, fitted_profile, fitted_cluster, compiled=obs.compiled)
         for i, obs in enumerate(observations)
     }
-    loo: dict[int, float] = {}
-    if len(observations) > 1:
-        for i in runs:
-            theta, _ = solve(problem, fit.free, [r for r in runs if r != i], start=fit.theta)
-            loo[i] = problem.simulate(theta, [i], fit.free)[i].iteration_s
+    loo = loo_of(fit.free) if len(observations) > 1 else {}
 
     run_fits = []
     for i, obs in enumerate(observations):
@@ -215,7 +248,7 @@ def calibrate(
     reserves, peaks = fit_reserves(observations, before, cluster)
     return Calibration(
         runs=run_fits,
-        params=_param_fits(params, fit, values),
+        params=_param_fits(params, fit, values, pruned.dropped),
         reserves=reserves,
         allocator_peaks=peaks,
         per_kind=per_kind,

@@ -26,10 +26,11 @@ __all__ = ["relevance"]
 
 def _signature(cluster: Cluster, obs: Observation) -> tuple:
     """Every figure of the cluster the simulation of ``obs``'s plan may read: the link of each
-    transfer, the network interface of each node with traffic to another node, and for each
-    gradient group held by several devices the links an all-reduce among them may cross (each
-    node's own link where it holds two or more of them, the network path between any two of their
-    nodes) and the collective efficiency."""
+    transfer, the network interface of each node with traffic to another node, for each gradient
+    group held by several devices the links an all-reduce among them may cross (each node's own
+    link where it holds two or more of them, the network path between any two of their nodes) and
+    the collective efficiency, and for each tensor-parallel group its node's link and the collective
+    efficiency (its all-reduces inside every block)."""
     compiled = obs.compiled
     devices = {a: cluster.device(a) for a in compiled.programs}
     links = [cluster.link(devices[t.src], devices[t.dst]) for t in compiled.transfers]
@@ -51,6 +52,11 @@ def _signature(cluster: Cluster, obs: Observation) -> tuple:
             networked.update(nodes)
         links += [cluster.node(n).link for n in nodes if per_node[n] > 1]
         links += [cluster.inter_node_link(a, b) for k, a in enumerate(nodes) for b in nodes[k + 1 :]]
+        collective = [cluster.collective_efficiency]
+    # tensor-parallel groups all-reduce inside every block over their node's own link (a group is on
+    # one node), at the cluster's collective efficiency: block_costs adds that to each compute
+    for node in sorted({devices[a].node for a, prog in compiled.programs.items() if prog.tensor_parallel > 1}):
+        links.append(cluster.node(node).link)
         collective = [cluster.collective_efficiency]
     nics = tuple(cluster.node(n).nic_bandwidth for n in sorted(networked))
     return tuple(links), nics, tuple(collective)
