@@ -173,6 +173,8 @@ class SimResult:
                     "peak_memory_bytes": d.memory.total,
                     "tensor_bytes": d.memory.tensor_bytes,
                     "memory_fits": d.memory.fits,
+                    "capacity_bytes": d.memory.capacity,
+                    "over_bytes": max(0.0, d.memory.total - d.memory.capacity),
                 }
                 for a, d in self.devices.items()
             },
