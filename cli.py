@@ -28,8 +28,9 @@ def _print_all(items: list[Any]) -> None:
     print_all(console, items)
 
 
-def _progress(label: str, target: Console) -> Any:
-    """A progress bar (label, bar, done/total, elapsed) shown only on a terminal."""
+def _progress(label: str, target: Console, *, info: bool = False) -> Any:
+    """A progress bar (label, bar, done/total, elapsed; with ``info``, a task's ``info`` field
+    after them) shown only on a terminal."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(
@@ -37,10 +38,23 @@ def _progress(label: str, target: Console) -> Any:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        *([TextColumn("{task.fields[info]}")] if info else []),
         console=target,
         transient=True,
         disable=not target.is_terminal,
     )
+
+
+def _step_lines(bar: Any, task: Any, log_every: int) -> Any:
+    """``launch``'s ``on_step``: each finished step's figures beside the bar on a terminal; elsewhere
+    (nohup, SLURM, CI) a line every ``log_every`` steps and the last."""
+
+    def on_step(line: Any) -> None:  # a hetplan.runtime.watch.StepLine
+        bar.update(task, info=line.figures())
+        if not console.is_terminal and (line.done % log_every == 0 or line.done == line.steps):
+            console.print(line.text(), markup=False, highlight=False)
+
+    return on_step
 
 
 def _print_json(data: Any) -> None:
@@ -97,6 +111,36 @@ def devices(catalog: str | None, as_json: bool) -> None:
         _print_json(summary("catalog", loaded))
     else:
         _print_all(renderables("catalog", loaded))
+
+
+# --------------------------------------------------------------------------- probe
+@cli.command()
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Cluster file to write.")
+@click.option("--name", default=None, help="The node's name in the entry (default: this host's name).")
+@click.option("--seconds", default=0.2, show_default=True, type=click.FloatRange(min=0.01), help="Seconds per figure.")
+@click.option("--long", "long_run", is_flag=True, help="Larger matrices and copies: steadier figures, slower.")
+@click.option("--network", default="100Gbps", show_default=True, help="Inter-node link to write (not measured).")
+@click.option("--cpu", "force_cpu", is_flag=True, help="Describe the CPU even where a GPU is present.")
+@click.option("--json", "json_file", default=None, type=click.Path(dir_okay=False), help="Also write every figure.")
+def probe(
+    output: str, name: str | None, seconds: float, long_run: bool, network: str, force_cpu: bool, json_file: str | None
+) -> None:
+    """Measure this node (GPUs in PCI order, matmul TFLOP/s per dtype, copy bandwidths) and write
+    its cluster entry; print where it differs from the catalog by more than 20%.
+
+    \b
+    Example:
+      hetplan probe -o node0.yaml --name node0 --json node0.probe.json
+    """
+    from hetplan.probe import probe_node
+
+    result = probe_node(seconds=seconds, long=long_run, name=name, network=network, force_cpu=force_cpu)
+    result.write(output)
+    if json_file:
+        result.write_json(json_file)
+    for line in result.differences:
+        err_console.print(f"note: {line}", markup=False)
+    console.print(f"wrote {output}: {result.summary()}", markup=False)
 
 
 # --------------------------------------------------------------------------- profile
@@ -494,6 +538,63 @@ def plan(
     console.print(f"wrote {output}")
 
 
+#: hetplan.solve.whatif.OBJECTIVES, spelled out so the CLI imports no solver at start (a test checks they agree)
+WHAT_IF_OBJECTIVES = (
+    "fastest",
+    "cheapest-per-step",
+    "cheapest-per-sample",
+    "cheapest-run",
+    "cheapest-meeting",
+    "fastest-within-budget",
+)
+
+
+@cli.command(name="what-if")
+@click.argument("profile_file", metavar="PROFILE", type=click.Path(dir_okay=False))
+@click.argument("cluster_file", metavar="CLUSTER", type=click.Path(dir_okay=False))
+@click.option("--batch", "global_batch", required=True, type=click.IntRange(min=1), help="Global batch (samples).")
+@click.option("--pool", default=None, type=click.Path(dir_okay=False), help="Nodes one may add (hetplan/pool/v1).")
+@click.option("--objective", default="fastest", show_default=True, type=click.Choice(list(WHAT_IF_OBJECTIVES)))
+@click.option("--min-samples-per-s", type=click.FloatRange(min=0, min_open=True), help="Throughput to meet.")
+@click.option("--deadline-hours", type=click.FloatRange(min=0, min_open=True), help="Finish the run within this.")
+@click.option("--samples", type=click.IntRange(min=1), help="Samples in the run ($/run, deadline).")
+@click.option("--tokens", type=click.IntRange(min=1), help="Tokens in the run (samples = tokens / seq).")
+@click.option("--budget-per-hour", type=click.FloatRange(min=0), help="Most $ per hour the cluster may cost.")
+@click.option("--max-plans", default=64, show_default=True, type=click.IntRange(min=1), help="Stop after N plans.")
+@click.option("--ladder", default=0, type=click.IntRange(min=0), help="Kinds over this many nodes: count ladder.")
+@click.option("--no-marginals", is_flag=True, help="Skip planning one node more and less of each kind.")
+@click.option("--micro-batch-sizes", default=None, help="Micro-batch sizes to consider (default 1,2,4,...,64).")
+@click.option("--pareto", default=None, type=click.Path(dir_okay=False), help="Pareto front picture (.svg or .png).")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Folder to write the files to.")
+def what_if(profile_file: str, cluster_file: str, pareto: str | None, no_marginals: bool, **options: Any) -> None:
+    """Which nodes to add, drop or rent: the best plan per candidate cluster, priced, and the chosen one.
+
+    \b
+    Example:
+      hetplan what-if gpt.yaml cluster.yaml --pool pool.yaml --batch 1024 --objective cheapest-per-step -o wi/
+    """
+    from hetplan.solve.whatif_job import WhatIfRequest, run_what_if
+    from hetplan.views.whatif import pareto_png, pareto_svg, what_if_renderables
+
+    sizes = options.pop("micro_batch_sizes")
+    req = WhatIfRequest(
+        profile=profile_file,
+        cluster=cluster_file,
+        marginals=not no_marginals,
+        micro_batch_sizes=_csv_ints(sizes, param="--micro-batch-sizes") if sizes else None,
+        **options,
+    )
+    with _progress("planning candidates", err_console) as bar:
+        task = bar.add_task("what-if", total=None)
+        summary, written = run_what_if(req, progress=lambda n, _counts: bar.update(task, completed=n))
+    _print_all(what_if_renderables(summary))
+    if pareto:
+        picture = pareto_png(summary) if pareto.endswith(".png") else pareto_svg(summary).encode()
+        Path(pareto).write_bytes(picture)
+        written["pareto"] = Path(pareto)
+    console.print("wrote " + ", ".join(str(p) for p in written.values()))
+
+
 @cli.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
 @click.option(
@@ -539,13 +640,23 @@ def compare(
         else:
             console.print(sync_table(rows))
         return
-    extra = {Path(o).parent.name or Path(o).stem: same_inputs(load_plan(o), loaded) for o in others}
+    extra = {_other_plan_name(o): same_inputs(load_plan(o), loaded) for o in others}
     rows = compare_rows(loaded, loaded_profile, loaded_cluster, others=extra)
     rows = with_bands(rows, loaded, loaded_profile, loaded_cluster)
     if as_json:
         _print_json(rows)
     else:
-        console.print(compare_table(rows))
+        price = loaded_cluster.price_per_hour
+        console.print(compare_table(rows, usd_per_hour=price, global_batch=loaded.global_batch))
+
+
+def _other_plan_name(path: str) -> str:
+    """A --with plan's row name: its folder (or file stem), and the runtime an export was made for."""
+    from hetplan.contracts.plan import load_plan
+
+    name = Path(path).parent.name or Path(path).stem
+    runtime = (load_plan(path).details or {}).get("exported_for")
+    return f"{runtime} export ({name})" if runtime else name
 
 
 # --------------------------------------------------------------------------- simulate
@@ -774,14 +885,20 @@ def co_plan(
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=False))
 @click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder to write.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def export(runtime: str, plan_file: str, output_dir: str, as_json: bool) -> None:
+@click.option(
+    "--write-anyway",
+    is_flag=True,
+    help="Write an export that hetplan's simulator finds does not fit in memory (refused by default).",
+)
+def export(runtime: str, plan_file: str, output_dir: str, as_json: bool, write_anyway: bool) -> None:
     """Write the closest configuration RUNTIME (deepspeed, megatron or torchtitan) can express: one
     pipeline shape replicated, with its layer cuts, micro-batch size and count and data-parallel
     degree. Say in one line each what it had to drop, and score it beside the plan by the simulator.
 
     \b
-    The folder gets the runtime's files, a launcher script, dropped.txt, and exported-plan.yaml: a plan
-    file of exactly what the export expresses, on the same inputs (simulate, show, compare read it).
+    The folder gets the runtime's files, one launch script a node, dropped.txt, and exported-plan.yaml: a
+    plan file of exactly what the export expresses, on the same inputs (simulate, show, compare read it).
+    An export that does not fit in memory by hetplan's simulator is refused in one line naming the rank.
     Examples:
       hetplan export megatron plan.yaml -o megatron/
       hetplan export deepspeed plan.yaml -o ds/ && hetplan simulate ds/exported-plan.yaml --trace ds.json
@@ -791,7 +908,7 @@ def export(runtime: str, plan_file: str, output_dir: str, as_json: bool) -> None
 
     chosen = runtime_named(runtime)  # an unknown runtime fails before any file is read
     loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
-    result = export_plan(chosen.name, loaded, loaded_profile, loaded_cluster, output_dir)
+    result = export_plan(chosen.name, loaded, loaded_profile, loaded_cluster, output_dir, write_unfit=write_anyway)
     rows = export_rows(loaded, result.exported, loaded_profile, loaded_cluster, name=f"{chosen.title} export")
     rows[0]["band"] = plan_band(loaded, loaded_profile, loaded_cluster).to_dict()  # how far to trust hetplan's time
     if as_json:
@@ -826,6 +943,24 @@ def _plan_and_inputs(plan_file: str):
     loaded_profile, loaded_cluster = load_plan_inputs(loaded)
     check_plan(loaded, loaded_cluster, loaded_profile)
     return loaded, loaded_profile, loaded_cluster
+
+
+def _device_options() -> list[Any]:
+    """Where the ranks compute, and whether a GPU of another type than the plan's is accepted."""
+    return [
+        click.option(
+            "--compute-device",
+            default=None,
+            type=click.Choice(["cpu", "cuda"]),
+            help="What the ranks compute on (default: cuda under nccl, cpu under gloo); cuda with gloo stages "
+            "tensors through host memory, so ranks can share a GPU.",
+        ),
+        click.option(
+            "--accept-device-mismatch",
+            is_flag=True,
+            help="Run a rank whose GPU is not the plan's device type (default: it stops with one line).",
+        ),
+    ]
 
 
 def _training_options(func: Any) -> Any:
@@ -864,6 +999,7 @@ def _training_options(func: Any) -> Any:
             "only its samples.",
         ),
         click.option("--dataset-kwargs", default=None, help="Arguments of the --dataset function, e.g. size=1000."),
+        *_device_options(),
     ]
     for option in reversed(options):
         func = option(func)
@@ -883,9 +1019,20 @@ def _training(values: dict[str, Any]) -> Any:
 @click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder to write.")
 @click.option("--master", default="node0:29500", show_default=True, help="HOST:PORT of the rendezvous (first node).")
 @click.option("--steps", default=100, show_default=True, type=click.IntRange(min=1))
-@click.option("--backend", default="nccl", show_default=True, type=click.Choice(["nccl", "gloo"]))
+@click.option(
+    "--backend",
+    default=None,
+    type=click.Choice(["nccl", "gloo"]),
+    help="Default: nccl on GPUs, gloo on a CPU-only (or emulated) cluster.",
+)
+@click.option("--save", default=None, help="Checkpoint folder the ranks save to (relative: to the launch folder).")
+@click.option("--save-every", default=None, type=click.IntRange(min=1), help="Also save every N steps (with --save).")
+@click.option("--keep-last", default=None, type=click.IntRange(min=1), help="Keep only the last K checkpoints.")
+@click.option("--resume", default=None, help="Resume from this checkpoint folder's latest (or --resume-step's).")
+@click.option("--resume-step", default=None, type=click.IntRange(min=0), help="The checkpoint step to resume from.")
+@click.option("--skip-nonfinite", is_flag=True, help="Go on past a step whose loss is not finite (default: stop).")
 @_training_options
-def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str, **training: Any) -> None:
+def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str | None, **training: Any) -> None:
     """Write launch files: the rank config, a torchrun script per node, a SLURM batch script.
 
     \b
@@ -896,10 +1043,13 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
     from hetplan.emit import emit_launch
 
     loaded, loaded_profile, loaded_cluster = _plan_and_inputs(plan_file)
+    worker_keys = ("save", "save_every", "keep_last", "resume", "resume_step", "skip_nonfinite")
+    worker = {k: training.pop(k) for k in worker_keys}
     options = _training(training).rank_config_kwargs()
     for path in emit_launch(
-        loaded, loaded_profile, loaded_cluster, output_dir, master=master, steps=steps, backend=backend, **options
-    ):
+        loaded, loaded_profile, loaded_cluster, output_dir, master=master, steps=steps, backend=backend,
+        **worker, **options,
+    ):  # fmt: skip
         console.print(f"wrote {path}")
 
 
@@ -930,6 +1080,25 @@ def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str,
     multiple=True,
     help="Emulation (with --emulate): DEVICE:FACTORx@STEP makes a device FACTOR times slower from STEP on.",
 )
+@click.option(
+    "--log-every",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Off a terminal: print step, loss, step time and samples/s every N steps (and the last).",
+)
+@click.option(
+    "--skip-nonfinite",
+    is_flag=True,
+    help="Go on past a step whose loss is not finite, skipping its update on every rank (default: stop there).",
+)
+@click.option(
+    "--init-from",
+    default=None,
+    type=click.Path(exists=False),
+    help="Start from these weights: a save_pretrained folder (safetensors) or a state_dict file (.pt, .safetensors); "
+    "each rank reads only its blocks' tensors.",
+)
 @_training_options
 def launch(
     plan_file: str,
@@ -944,6 +1113,8 @@ def launch(
     resume_step: int | None,
     threads: int,
     straggler: tuple[str, ...],
+    log_every: int,
+    skip_nonfinite: bool,
     **training: Any,
 ) -> None:
     """Train a plan here: spawn every rank on this machine (gloo), show progress, summarise; with a
@@ -958,14 +1129,19 @@ def launch(
       hetplan launch a.yaml b.yaml --steps 20 --emulate --log run.jsonl   # two jobs: run-a.jsonl, run-b.jsonl
     """
     from hetplan.contracts.emulation import parse_straggler
-    from hetplan.local_job import train_here, train_together
+    from hetplan.local_job import crowding_warning, train_here, train_together
 
     stragglers = [parse_straggler(text) for text in straggler]
+    if training.get("init_from") and resume:
+        raise HetplanError("give --init-from (weights to start from) or --resume (a run to go on with), not both",
+                           field="--init-from")  # fmt: skip
     jobs = [_plan_and_inputs(f) for f in (plan_file, plan_b_file) if f]
     label = " (EMULATED device speeds)" if emulate else ""
     ranks = sum(len(plan.all_devices()) for plan, _, _ in jobs)
-    with _progress(f"training {ranks} ranks{label}", console) as bar:
-        task = bar.add_task("steps", total=steps)
+    if crowded := crowding_warning([plan for plan, _, _ in jobs], threads=threads):
+        err_console.print(crowded, markup=False)
+    with _progress(f"training {ranks} ranks{label}", console, info=True) as bar:
+        task = bar.add_task("steps", total=steps, info="")
         kwargs: dict[str, Any] = dict(
             steps=steps,
             options=_training(training),
@@ -979,11 +1155,35 @@ def launch(
             threads=threads,
             progress=lambda done, total: bar.update(task, completed=done),
             stragglers=stragglers,
+            skip_nonfinite=skip_nonfinite,
         )
-        job = train_together(jobs, **kwargs) if len(jobs) > 1 else train_here(*jobs[0], **kwargs)
+        if len(jobs) > 1:
+            job = train_together(jobs, **kwargs)
+        else:
+            job = train_here(*jobs[0], **kwargs, on_step=_step_lines(bar, task, log_every))
     console.print(job.summary)
     if log_file:
         console.print(f"run log: {', '.join(str(x) for x in getattr(job, 'logs', None) or [log_file])}")
+
+
+@cli.command()
+@click.argument("checkpoint", metavar="CHECKPOINT", type=click.Path())
+@click.option("-o", "--output-dir", required=True, type=click.Path(file_okay=False), help="Folder to write.")
+@click.option("--step", default=None, type=click.IntRange(min=0), help="The checkpoint step (default: the latest).")
+def consolidate(checkpoint: str, output_dir: str, step: int | None) -> None:
+    """Write a run's checkpoint as the model's own state_dict (model.safetensors), and for a
+    transformers model a folder from_pretrained loads, whatever plan saved it.
+
+    \b
+    Example:
+      hetplan consolidate ckpt/ -o final/
+    """
+    from hetplan.runtime.weights.consolidate import consolidate as write
+
+    done = write(checkpoint, output_dir, step=step)
+    for path in done.files:
+        console.print(f"wrote {path}")
+    console.print(f"step {done.step}: {done.tensors} tensors, {done.bytes / 2**20:.1f} MiB")
 
 
 @cli.command()
@@ -1068,7 +1268,7 @@ def main(argv: list[str] | None = None) -> None:
         code = cli.main(args=argv, prog_name="hetplan", standalone_mode=False)
     except HetplanError as exc:
         err_console.print(f"error: {exc}", markup=False)
-        raise SystemExit(2) from None
+        raise SystemExit(getattr(exc, "exit_code", 2)) from None  # a stopping signal: 128 + its number
     except click.UsageError as exc:
         where = f"hetplan {exc.ctx.command_path.split(' ', 1)[1]}: " if exc.ctx and " " in exc.ctx.command_path else ""
         err_console.print(f"error: {where}{exc.format_message()} (see --help)", markup=False)

@@ -3,6 +3,9 @@
     python benchmarks/bench_planner.py baselines     # every bundled heterogeneous cluster + real profiles
     python benchmarks/bench_planner.py speed         # time to plan, growing devices and blocks
     python benchmarks/bench_planner.py optimality    # 200 random small instances vs exhaustive search
+    python benchmarks/bench_planner.py cli [--before REF] [--repeat N]
+                                                     # `hetplan plan` from the command line, this tree
+                                                     # beside REF's (default HEAD~1), interleaved
 
 Prints Markdown tables (docs/benchmarks.md quotes them) and the command that made them. Timings are
 wall-clock and the process's CPU time on whatever runs this (here: 2 shared cores), best of three
@@ -195,7 +198,151 @@ def run_optimality(count: int = 200, seed: int = 0) -> None:
     )
 
 
+#: The command-line cases of issue 24: (name, profile arguments, cluster, global batch).
+CLI_CASES = (
+    (
+        "GPT-24 (OPT-350-like)",
+        ["gpt", "--layers", "24", "--hidden", "1024", "--heads", "16", "--seq", "2048", "--vocab", "50272"],
+        "scale-a100-v100",
+        2048,
+    ),
+    (
+        "GPT 7B",
+        ["gpt", "--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "4096", "--vocab", "50272"],
+        "scale-a100-v100",
+        1024,
+    ),
+)
+
+
+def _tree_of(ref: str, into: Path) -> Path:
+    """``ref``'s ``planner/``, ``cli.py`` and ``profiles/`` (``git archive``), importable as
+    ``hetplan`` from the returned folder (a link named hetplan to its planner/)."""
+    import subprocess
+    import tarfile
+
+    tree = into / "tree"
+    tree.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", ref, "planner", "cli.py", "profiles"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    import io
+
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="tar")
+    return _importable(tree, into / "path")
+
+
+def _importable(tree: Path, path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "hetplan").symlink_to(tree / "planner")
+    return path
+
+
+def _cli_run(path: Path, args: list[str]) -> tuple[float, float]:
+    """(wall s, CPU s of the process and its children) of ``hetplan ARGS`` with ``hetplan`` from ``path``."""
+    import resource
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(path)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", "from hetplan.cli import main; main()", *args],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        cwd=str(path),
+    )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def run_cli(before: str = "HEAD~1", repeat: int = 5) -> None:
+    """``hetplan plan`` from the command line (interpreter start, imports, YAML in and out, search,
+    baselines, printing), this tree and ``before``'s, alternately, ``repeat`` times each; the plan
+    files of the two are compared byte for byte."""
+    import tempfile
+
+    print(f"(load average {', '.join(f'{x:.2f}' for x in os.getloadavg())} before)\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        old = _tree_of(before, work / "before")
+        new = _importable(ROOT, work / "new")
+        print(f"previous: `git archive {before}`; new: this tree ({ROOT}); {repeat} runs each, alternating\n")
+        print(
+            "| case | devices | blocks | previous: best (median) | new: best (median) | best new / previous "
+            "| CPU s previous / new | same plan bytes |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for name, model, cluster_name, batch in CLI_CASES:
+            cluster = CLUSTERS / f"{cluster_name}.yaml"
+            types = ",".join(load_cluster(cluster).device_types)
+            profile = work / f"{cluster_name}-{batch}.profile.yaml"
+            profile_args = ["profile", *model, "--dtype", "fp16", "--analytic", "--devices", types, "-o", str(profile)]
+            _cli_run(new, profile_args)
+            blocks = len(load_profile_file(profile).blocks)
+            times: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
+            for i in range(repeat):
+                for which, path in (("old", old), ("new", new)) if i % 2 == 0 else (("new", new), ("old", old)):
+                    out = work / f"{which}-{cluster_name}-{batch}.plan.yaml"
+                    times[which].append(
+                        _cli_run(path, ["plan", str(profile), str(cluster), "--batch", str(batch), "-o", str(out)])
+                    )
+            same = _same_plans(
+                work / f"old-{cluster_name}-{batch}.plan.yaml", work / f"new-{cluster_name}-{batch}.plan.yaml"
+            )
+            cells = []
+            for which in ("old", "new"):
+                walls = [w for w, _ in times[which]]
+                cells.append(f"{min(walls):.2f} s ({statistics.median(walls):.2f} s)")
+            best = min(w for w, _ in times["new"]) / min(w for w, _ in times["old"])
+            cpu = f"{min(c for _, c in times['old']):.2f} / {min(c for _, c in times['new']):.2f}"
+            devices = len(load_cluster(cluster).devices)
+            print(
+                f"| {name}, batch {batch}, {cluster_name} | {devices} | {blocks} | {cells[0]} | {cells[1]} | "
+                f"{best:.2f} | {cpu} | {same} |"
+            )
+    print(
+        "\nWall time of `hetplan plan PROFILE CLUSTER --batch B -o plan.yaml` (a fresh interpreter each run); "
+        "CPU s: the best run's process and its children (the planner's second process)."
+    )
+    print(f"\n(load average {', '.join(f'{x:.2f}' for x in os.getloadavg())} after)")
+
+
+def _same_plans(old: Path, new: Path) -> str:
+    """``yes`` (byte for byte), ``yes but the runners-up`` (the same file but for
+    ``details.runners_up``, which issue 24 changed: the winner in another form is left out), or ``NO``."""
+    import yaml
+
+    if old.read_bytes() == new.read_bytes():
+        return "yes"
+    a, b = yaml.safe_load(old.read_text()), yaml.safe_load(new.read_text())
+    for data in (a, b):
+        data.get("details", {}).pop("runners_up", None)
+    return "yes but the runners-up" if a == b else "NO"
+
+
+def load_profile_file(path: Path):
+    from hetplan.contracts.model_profile import load_profile
+
+    return load_profile(path)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "baselines"
-    print(f"$ python benchmarks/bench_planner.py {what}\n")
-    {"baselines": run_baselines, "speed": run_speed, "optimality": run_optimality}[what]()
+    print(f"$ python benchmarks/bench_planner.py {' '.join(sys.argv[1:]) or what}\n")
+    if what == "cli":
+        import argparse
+
+        parser = argparse.ArgumentParser(prog="bench_planner.py cli")
+        parser.add_argument("--before", default="HEAD~1", help="git ref of the previous code (default HEAD~1)")
+        parser.add_argument("--repeat", type=int, default=5, choices=range(1, 101), metavar="N")
+        parsed = parser.parse_args(sys.argv[2:])
+        run_cli(parsed.before, parsed.repeat)
+    else:
+        {"baselines": run_baselines, "speed": run_speed, "optimality": run_optimality}[what]()

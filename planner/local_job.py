@@ -14,10 +14,16 @@ here rather than once per rank (a text file, a user dataset), and the local laun
 ``train_together`` runs two plans' jobs at once on the same devices (crossover scheduling: one
 job computes while the other communicates, :mod:`hetplan.runtime.crossover`); each job trains as
 it would alone.
+
+    crowding_warning(plan, threads=1)   # 'warning: 6 ranks x 1 thread on this machine's 2 cores: ...'
+
+The summary's median iteration is :func:`hetplan.views.report.median_iteration`, the one ``hetplan
+report`` prints for the same run log.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -33,8 +39,9 @@ from hetplan.contracts.plan import Plan
 from hetplan.contracts.yamlio import write_yaml
 from hetplan.emit import build_rank_config
 from hetplan.errors import HetplanError
+from hetplan.views.report import median_iteration
 
-__all__ = ["CoRun", "LocalJob", "TrainingOptions", "train_here", "train_together"]
+__all__ = ["CoRun", "LocalJob", "TrainingOptions", "crowding_warning", "train_here", "train_together"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,9 @@ class TrainingOptions:
     data: str | None = None
     dataset: str | None = None
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    compute_device: str | None = None  # cuda under gloo: the host-staged transport
+    accept_device_mismatch: bool = False
+    init_from: str | None = None  # weights to start from (hetplan.runtime.weights.init_from)
 
     def rank_config_kwargs(self) -> dict[str, Any]:
         return {
@@ -66,6 +76,9 @@ class TrainingOptions:
             "data": self.data,
             "dataset": self.dataset,
             "dataset_kwargs": self.dataset_kwargs or None,
+            "compute_device": self.compute_device,
+            "accept_device_mismatch": self.accept_device_mismatch,
+            "init_from": self.init_from,
         }
 
 
@@ -85,6 +98,11 @@ def _check_inputs(profile: ModelProfile, plan: Plan, options: TrainingOptions) -
         data = str(Path(options.data).resolve())
         batches_for(profile.model, resolve_model(profile.model), data)
         options = TrainingOptions(**{**options.__dict__, "data": data})
+    if options.init_from:  # every block's tensors there, of the right shapes: one line here, not one per rank
+        from hetplan.runtime.weights.init_from import check_init_from
+
+        init_from = check_init_from(profile.model, options.init_from)
+        options = TrainingOptions(**{**options.__dict__, "init_from": init_from})
     if options.dataset:
         from hetplan.runtime.dataset import check_dataset
 
@@ -128,11 +146,20 @@ def train_here(
     threads: int = 1,
     progress: Callable[[int, int], None] | None = None,
     stragglers: Sequence[Straggler] = (),
+    on_step: Callable[[Any], None] | None = None,
+    skip_nonfinite: bool = False,
 ) -> LocalJob:
     """Train ``steps`` steps of ``plan`` with every rank on this machine (gloo); ``stragglers``
-    (emulation, with ``emulate``) make a device slower from a step on."""
+    (emulation, with ``emulate``) make a device slower from a step on. ``on_step`` gets each
+    finished step (:class:`hetplan.runtime.watch.StepLine`); a non-finite loss stops the run with
+    one line unless ``skip_nonfinite`` (then its update is skipped on every rank, and counted)."""
     from hetplan.runtime.launcher import launch_local
 
+    if skip_nonfinite and plan.sync in ("wsp", "sdpipe"):
+        raise HetplanError(
+            f"sync {plan.sync}'s pipelines step apart, so no step can be skipped on all of them together",
+            field="--skip-nonfinite",
+        )
     options = _check_inputs(profile, plan, options)
     config = build_rank_config(plan, profile, cluster, backend="gloo", **options.rank_config_kwargs())
     add_stragglers(config, stragglers, emulate=emulate)
@@ -151,6 +178,8 @@ def train_here(
             resume_step=resume_step,
             threads=threads,
             progress=progress,
+            on_step=on_step,
+            skip_nonfinite=skip_nonfinite,
         )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -159,21 +188,54 @@ def train_here(
 
 
 def _median_iteration(records: list[dict[str, Any]]) -> float:
-    """The median over steps of the slowest rank's iteration (a step lasts as long as that)."""
-    steps_seen = sorted({r["step"] for r in records})
-    iters = sorted(max(r["iteration_s"] for r in records if r["step"] == s) for s in steps_seen)
-    return iters[len(iters) // 2] if iters else float("nan")
+    """``hetplan report``'s median (warm-up step excluded) of a run's records; NaN for none."""
+    median = median_iteration((r["step"], r["iteration_s"]) for r in records)
+    return median if median is not None else float("nan")
 
 
 def _summary(plan: Plan, records: list[dict[str, Any]], ranks: int, emulate: bool) -> str:
-    losses = [r["loss"] for r in records if r["rank"] == 0]
+    done = [r for r in records if r["rank"] == 0]
+    losses = [r["loss"] for r in done if r["loss"] is not None]
+    skipped = sum(1 for r in done if r.get("nonfinite"))
     median = _median_iteration(records)
     label = " (EMULATED device speeds)" if emulate else ""
     predicted = plan.predicted.get("iteration_s") if plan.predicted else None
+    loss = f"loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "no finite loss"
     return (
-        f"trained {len(losses)} steps on {ranks} ranks{label}: loss {losses[0]:.4f} -> {losses[-1]:.4f}; "
-        f"median iteration {median * 1e3:.1f} ms ({plan.global_batch / median:.1f} samples/s)"
+        f"trained {len(done)} steps on {ranks} ranks{label}: {loss}; "
+        + (f"{skipped} non-finite step(s) skipped; " if skipped else "")
+        + f"median iteration {median * 1e3:.1f} ms ({plan.global_batch / median:.1f} samples/s)"
         + (f"; predicted {predicted * 1e3:.1f} ms" if predicted is not None else "")
+    )
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform says; else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def crowding_warning(plans: Sequence[Plan], *, threads: int, cores: int | None = None) -> str | None:
+    """One line when the ranks of ``plans`` (run here, ``threads`` torch threads each) outnumber this
+    machine's cores: they then take turns on the cores, and each step lasts about that many times
+    the plan's prediction; None when they fit."""
+    cores = cores or usable_cores()
+    ranks = sum(len(p.all_devices()) for p in plans)
+    wanted = ranks * threads
+    if wanted <= cores:
+        return None
+    factor = wanted / cores
+    predicted = [p.predicted.get("iteration_s") for p in plans if p.predicted]
+    likely = (
+        f": steps will likely take about {factor:.1f}x the predicted "
+        + ", ".join(f"{t * 1e3:.1f} ms (~{t * factor * 1e3:.0f} ms)" for t in predicted if t)
+        if any(predicted)
+        else f": steps will likely run about {factor:.1f}x slower than on {wanted} free cores"
+    )
+    return (
+        f"warning: {ranks} ranks x {threads} thread{'s' if threads > 1 else ''} share this machine's "
+        f"{cores} core{'s' if cores > 1 else ''}{likely} (docs/benchmarks.md, Runtime)"
     )
 
 
@@ -262,6 +324,7 @@ def train_together(
     stragglers: Sequence[Straggler] = (),
     stall_s: float | None = None,
     kill_rank_after: tuple[int, int, float] | None = None,
+    skip_nonfinite: bool = False,
 ) -> CoRun:
     """Train two plans' jobs at once on this machine, sharing the devices they both use.
 
@@ -276,12 +339,16 @@ def train_together(
     ``resume`` one folder (``DIR/a``, ``DIR/b``) or one per job; a straggler slows its device for
     every job that uses it. ``progress(done, steps)`` follows the slower job. A failure of either
     job stops both, with one line per job. ``kill_rank_after=(job index, rank, seconds)`` is for
-    fault tests.
+    fault tests. A non-finite loss stops a job (``skip_nonfinite`` is not built for a co-run).
     """
     from hetplan.runtime.crossover import launch_together, read_turn_traces
 
     if len(jobs) != len(JOB_NAMES):
         raise HetplanError(f"expected {len(JOB_NAMES)} plans to co-run, got {len(jobs)}", field="PLAN")
+    if skip_nonfinite:
+        raise HetplanError(
+            "not built for two jobs at once (a co-run stops at a non-finite loss)", field="--skip-nonfinite"
+        )
     _check_co_runnable(jobs)
     logs = _per_job(log, "--log", file=True)
     saves = _per_job(save, "--save", file=False)
@@ -331,6 +398,10 @@ def train_together(
         held = read_turn_traces(turns)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    from hetplan.runtime.launcher import refuse_nonfinite
+
+    for result, job_log in zip(results, logs, strict=True):  # a co-run's ranks stop at a non-finite loss
+        refuse_nonfinite(result.records, job_log)
     done = []
     for (plan, _, _), config, result in zip(jobs, configs, results, strict=True):
         ranks = len(config["devices"])

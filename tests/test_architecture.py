@@ -37,6 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     "hetplan.export": {"hetplan.contracts", "hetplan.schedule", "hetplan.simulate", "hetplan.emit"},
     "hetplan.runtime": {"hetplan.contracts", "hetplan.schedule", "hetplan.models"},
     "hetplan.views": {"hetplan.contracts", "hetplan.schedule", "hetplan.simulate", "hetplan.profile"},
+    "hetplan.probe": {"hetplan.contracts", "hetplan.profile"},
     "hetplan.demo": {"*"},
     "hetplan.local_job": {"*"},
     "hetplan.cli": {"*"},

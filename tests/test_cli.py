@@ -192,7 +192,7 @@ def test_compare_puts_other_plans_of_the_same_inputs_beside_the_plan(
     )
     assert code == 0, err
     rows = json.loads(out)
-    assert rows[0]["name"] == "hetplan" and rows[-1]["name"] == "meg"
+    assert rows[0]["name"] == "hetplan" and rows[-1]["name"] == "megatron export (meg)"  # an export: its runtime
     assert rows[-1]["iteration_s"] >= rows[0]["iteration_s"] * 0.999  # on this instance the export is no faster
     # a plan of another profile is refused, naming the field
     code, _, err = run(["compare", str(tmp_path / "plan-p.yaml"), "--with", str(tmp_path / "plan-q.yaml")], capsys)

@@ -10,6 +10,7 @@ from hetplan.contracts.cluster import CLUSTER_SCHEMA, parse_cluster
 from hetplan.contracts.measurements import MEASUREMENTS_SCHEMA, parse_measurements
 from hetplan.contracts.model_profile import PROFILE_SCHEMA, parse_profile
 from hetplan.contracts.plan import PLAN_SCHEMA, parse_plan
+from hetplan.contracts.pool import POOL_SCHEMA, parse_pool
 from hetplan.contracts.runlog import load_run_log
 from hetplan.contracts.yamlio import read_mapping, schema_of
 from hetplan.errors import HetplanError
@@ -22,6 +23,7 @@ KINDS = {
     PROFILE_SCHEMA: "profile",
     PLAN_SCHEMA: "plan",
     MEASUREMENTS_SCHEMA: "measurements",
+    POOL_SCHEMA: "pool",
 }
 
 
@@ -51,4 +53,6 @@ def load_any(path: str | Path) -> tuple[str, Any]:
         return kind, parse_profile(data, file=name)
     if kind == "measurements":
         return kind, parse_measurements(data, file=name)
+    if kind == "pool":
+        return kind, parse_pool(data, file=name)
     return kind, parse_plan(data, file=name)

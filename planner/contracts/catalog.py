@@ -17,16 +17,19 @@ from pathlib import Path
 
 from hetplan.contracts.fields import Fields
 from hetplan.contracts.paths import bundled_profiles_dir
+from hetplan.contracts.prices import Price, parse_price
 from hetplan.contracts.yamlio import read_mapping, schema_of
 from hetplan.errors import HetplanError
 
 __all__ = [
+    "BACKENDS",
     "DEFAULT_FRAGMENTATION",
     "DTYPES",
     "DTYPE_BYTES",
     "AchievedEfficiency",
     "Catalog",
     "DeviceType",
+    "default_backends",
     "default_reserve",
     "load_catalog",
     "parse_device_spec",
@@ -124,6 +127,12 @@ class DeviceType:
     #: Achieved fractions of the peaks per kind of work (docs/estimates.md); None: the generic
     #: figures of :mod:`hetplan.profile.efficiency`, used for inline types that state none.
     efficiency: AchievedEfficiency | None = None
+    #: torch.distributed backends the type runs (``nccl`` is RCCL on a ROCm build of torch);
+    #: stated per entry, else :func:`default_backends` of the vendor.
+    backends: tuple[str, ...] = ("gloo",)
+    #: USD per GPU-hour with its source and date (``price:`` in the catalog); None: not priced, so
+    #: plans on it show no $/step (a cluster file's per-node ``price_per_hour`` overrides it).
+    price: Price | None = None
 
     def math_dtype(self, dtype: str) -> str:
         """The dtype whose peak ``dtype`` math actually runs at here (``peak_flops``'s fallback)."""
@@ -214,6 +223,31 @@ def _parse_efficiency(f: Fields) -> AchievedEfficiency:
     return eff
 
 
+#: Backends a catalog entry may name: NCCL (RCCL on ROCm builds of torch) and gloo.
+BACKENDS: tuple[str, ...] = ("nccl", "gloo")
+#: Vendors whose GPUs run torch's ``nccl`` backend (NVIDIA: NCCL; AMD: RCCL under the same name).
+_NCCL_VENDORS = ("NVIDIA", "AMD")
+
+
+def default_backends(vendor: str) -> tuple[str, ...]:
+    """Backends of an entry that states none: NCCL and gloo for an NVIDIA or AMD GPU, gloo alone
+    otherwise (a CPU, or an accelerator torch.distributed has no collective library for)."""
+    return ("nccl", "gloo") if vendor in _NCCL_VENDORS else ("gloo",)
+
+
+def _parse_backends(f: Fields, vendor: str) -> tuple[str, ...]:
+    """``backends: [nccl, gloo]``: each a known backend, no repeats; absent: the vendor's default."""
+    if not f.has("backends"):
+        return default_backends(vendor)
+    names = f.list("backends")
+    for i, name in enumerate(names):
+        if name not in BACKENDS:
+            raise f.error(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}", f"backends[{i}]")
+    if len(set(names)) != len(names):
+        raise f.error("expected each backend once", "backends")
+    return tuple(names)
+
+
 def parse_device_spec(name: str, f: Fields) -> DeviceType:
     """A full device description: ``memory``, ``memory_bandwidth``, ``tflops: {dtype: TFLOP/s}``."""
     device = DeviceType(
@@ -227,6 +261,9 @@ def parse_device_spec(name: str, f: Fields) -> DeviceType:
         fragmentation=_fragmentation(f),
         efficiency=_parse_efficiency(f.child("efficiency")) if f.has("efficiency") else None,
     )
+    device = replace(device, backends=_parse_backends(f, device.vendor))
+    if f.has("price"):
+        device = replace(device, price=parse_price(f.child("price")))
     for dtype in device.efficiency.gemm if device.efficiency else ():
         if dtype != "fp32" and dtype not in device.peak:
             raise f.error(f"a gemm figure for {dtype}, which this type has no peak for", f"efficiency.gemm.{dtype}")
@@ -336,6 +373,7 @@ def parse_emulated(name: str, f: Fields, catalog: Catalog) -> DeviceType:
         emulates=base.emulates or base.name,
         slowdown=slowdown * base.slowdown,
         slowdown_changes=tuple(changes),
+        price=None,  # an emulated type is a demo on this machine, not hardware one rents
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hetplan.contracts.catalog import Catalog, DeviceType, load_catalog, parse_device_spec, parse_emulated
 from hetplan.contracts.fields import Fields
+from hetplan.contracts.prices import parse_node_price
 from hetplan.contracts.yamlio import read_mapping, schema_of
 from hetplan.errors import HetplanError
 
@@ -82,6 +83,9 @@ class Node:
     devices: tuple[Device, ...]
     link: Link
     nic_bandwidth: float
+    #: USD per hour for the whole node as the cluster file states it (``price_per_hour``), overriding
+    #: its devices' catalog prices; None: not stated (:meth:`Cluster.node_price` falls back).
+    price_per_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,21 @@ class Cluster:
 
     def node(self, name: str) -> Node:
         return self._node[name]
+
+    def node_price(self, node: Node | str) -> float | None:
+        """USD per hour of one node: its stated ``price_per_hour``, else the sum of its devices'
+        catalog prices; None when neither is known for every device."""
+        node = self._node[node] if isinstance(node, str) else node
+        if node.price_per_hour is not None:
+            return node.price_per_hour
+        prices = [d.type.price.per_hour if d.type.price is not None else None for d in node.devices]
+        return None if None in prices else round(float(sum(prices)), 9)
+
+    @cached_property
+    def price_per_hour(self) -> float | None:
+        """USD per hour of the whole cluster; None unless every node has a price."""
+        prices = [self.node_price(n) for n in self.nodes]
+        return None if None in prices else round(float(sum(prices)), 9)
 
     def device(self, address: str, *, file: str | None = None, field: str | None = None) -> Device:
         """The device at ``node/index``; an unknown address is a located error."""
@@ -252,8 +271,9 @@ def parse_cluster(data: dict, *, file: str | None = None, catalog: Catalog | Non
                 raise node_f.error("missing required field (the link inside a node of several devices)", "link")
             link = Link(bandwidth=network.bandwidth, latency=network.latency, emulated=network.emulated)
         nic = node_f.bandwidth("nic", network.bandwidth)
+        price = parse_node_price(node_f)
         node_f.done()
-        nodes.append(Node(name=node_name, devices=tuple(devices), link=link, nic_bandwidth=nic))
+        nodes.append(Node(name=node_name, devices=tuple(devices), link=link, nic_bandwidth=nic, price_per_hour=price))
 
     def node_set(entry: Fields, key: str, minimum: int) -> frozenset[str]:
         names = entry.list(key)

@@ -286,10 +286,20 @@ class ModelProfile:
         have = ", ".join(self.device_types()) or "none"
         wanted = device.emulates if device.emulated else device.name
         raise HetplanError(
-            f"the profile has no times for device type {wanted!r} (it has: {have}); profile with --devices {wanted}",
+            f"the profile has no times for device type {wanted!r} (it has: {have}); {self._how_to_add(wanted)}",
             file=self.file,
             field="blocks[].time",
         )
+
+    def _how_to_add(self, wanted: str) -> str:
+        """The ``hetplan profile`` option that gives this profile times for ``wanted``: ``--devices``
+        only exists for analytic profiles; a measured one carries its times with ``--estimate-for``."""
+        timings = [t for b in self.blocks for by_size in b.times.values() for t in by_size.values()]
+        if self.source.get("tool") == "hetplan analytic":
+            return f"profile with --analytic --devices {wanted}"
+        if self.source.get("tool") == "hetplan measure" or any(t.source == "measured" for t in timings):
+            return f"profile again with --estimate-for {wanted} (the measured times, carried to {wanted})"
+        return f"profile with --estimate-for {wanted} (measured) or --analytic --devices {wanted} (estimated)"
 
     def block_time(self, index: int, device: DeviceType, m: float, tp: int = 1) -> tuple[float, float]:
         """(forward, backward) seconds of block ``index`` at micro-batch ``m`` on ``device``; at
@@ -390,10 +400,13 @@ def parse_profile(data: dict[str, Any], *, file: str | None = None) -> ModelProf
     if schema != PROFILE_SCHEMA:
         raise f.error(f"expected schema {PROFILE_SCHEMA}, got {schema!r}", "schema")
     model = f.child("model")
-    if not (model.has("family") or model.has("factory") or model.has("name")):
-        raise model.error("expected 'family' (a zoo model), 'factory' (module:function) or 'name'")
-    for key in ("family", "factory", "name"):
+    if not (model.has("family") or model.has("factory") or model.has("hf") or model.has("name")):
+        raise model.error("expected 'family' (a zoo model), 'factory' (module:function), 'hf' (transformers) or 'name'")
+    for key in ("family", "factory", "hf", "name"):
         model.str(key, None)
+    seq = model.raw("seq", None)  # a Hugging Face model's tokens per sample
+    if seq is not None and (isinstance(seq, bool) or not isinstance(seq, int) or seq < 1):
+        raise model.error(f"expected a positive number of tokens, got {seq!r}", "seq")
     config = model.raw("config", {})
     if not isinstance(config, dict):
         raise model.error("expected a mapping of the model's settings", "config")

@@ -55,6 +55,8 @@ class DeviceEntry:
     actions: str
     #: emulation only: ``(step, slowdown)`` from which the device runs that much slower than its base
     slowdown_changes: tuple[tuple[int, float], ...] = ()
+    #: the device type's memory in bytes (a GPU rank checks its GPU against it); None: not checked
+    memory: float | None = None
 
 
 #: A co-run job's name: it names files (the turn trace), so letters, digits, ``-`` and ``_`` only.
@@ -104,6 +106,14 @@ class RankConfig:
     emulated_links: dict[frozenset[str], Link] = field(default_factory=dict)
     #: co-run: the per-device turns shared with other jobs on the same devices (None: alone)
     crossover: Crossover | None = None
+    #: what the ranks compute on: ``cuda`` or ``cpu`` (None: CUDA under NCCL, the CPU under gloo;
+    #: ``cuda`` under gloo is the host-staged transport, :mod:`hetplan.runtime.device.staged`)
+    compute_device: str | None = None
+    #: a GPU rank whose GPU is not the plan's type goes on (a warning) instead of stopping
+    accept_device_mismatch: bool = False
+    #: weights to start from instead of the seeded initialisation: a Hugging Face ``save_pretrained``
+    #: folder or a state_dict file (:mod:`hetplan.runtime.weights.init_from`); None: the seeded build
+    init_from: str | None = None
 
     def emulated_link(self, a: str, b: str) -> Link | None:
         """The emulated link between devices (or ``central``'s node) ``a`` and ``b``, if any."""
@@ -138,6 +148,9 @@ def load_rank_config(path: str | Path) -> RankConfig:
     seed = t.integer("seed", minimum=0)
     backend = t.str("backend", choices=("gloo", "nccl"))
     timeout_s = t.number("timeout_s", positive=True)
+    compute_device = t.str("compute_device", None, choices=("cpu", "cuda"))
+    accept_device_mismatch = t.boolean("accept_device_mismatch", False)
+    init_from = t.str("init_from", None)
     text_data = t.str("data", None)
     weight_decay = t.number("weight_decay", None, minimum=0.0)
     if weight_decay is not None and optimizer != "adamw":
@@ -202,6 +215,7 @@ def load_rank_config(path: str | Path) -> RankConfig:
             start=int(blocks[0]),
             end=int(blocks[1]),
             actions=d.str("actions"),
+            memory=d.number("memory", None, positive=True),
         )
         d.done()
         devices[entry.address] = entry
@@ -242,6 +256,9 @@ def load_rank_config(path: str | Path) -> RankConfig:
         central_node=central_node,
         emulated_links=emulated_links,
         crossover=crossover,
+        compute_device=compute_device,
+        accept_device_mismatch=accept_device_mismatch,
+        init_from=init_from,
     )
 
 

@@ -14,7 +14,9 @@ Sync modes: under ``wsp`` and ``sdpipe`` the pipelines do not meet every step, s
 rank's *pipeline's* mean loss; ``wave`` (wsp, at a wave's end: ``clock``, the ``version`` of the
 weights pulled, ``waves_ahead`` of the slowest the next wave runs) and ``group`` (sdpipe: the
 pipelines this step averaged with) say how the pipelines met. ``emulated_link_s`` (emulation only) is
-what the rank slept this step to make emulated links as slow as the cluster states.
+what the rank slept this step to make emulated links as slow as the cluster states. ``nonfinite``
+is present on a step whose loss (``nan``, ``inf``, ``-inf``; ``loss`` is then null) or, without
+loss scaling, gradient (``gradient``) was not finite: every rank skipped that step's update.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from hetplan.errors import HetplanError
 __all__ = ["RUNLOG_SCHEMA", "StepRecord", "check_log_matches", "load_run_log", "parse_record"]
 
 RUNLOG_SCHEMA = "hetplan/run-log/v1"
+
+#: What a step's ``nonfinite`` names: the loss's value, or the gradient (its norm, without loss scaling).
+NONFINITE = ("nan", "inf", "-inf", "gradient")
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,8 @@ class StepRecord:
     wave: dict[str, int] | None = None  # wsp, at a wave's end: clock, version pulled, waves ahead
     group: tuple[int, ...] | None = None  # sdpipe: the pipelines averaged with this step
     emulated_link_s: float | None = None  # emulation: seconds slept to pace emulated links
+    transport: str | None = None  # "host-staged": gloo carried a GPU rank's tensors through host memory
+    nonfinite: str | None = None  # the loss ("nan", "inf", "-inf") or "gradient" was not finite: not applied
 
     def to_json(self) -> str:
         data: dict[str, Any] = {"schema": RUNLOG_SCHEMA, **asdict(self)}
@@ -119,6 +126,8 @@ def parse_record(data: Any, *, file: str | None, line: int) -> StepRecord:
         wave=_wave(f),
         group=_group(f),
         emulated_link_s=f.number("emulated_link_s", None, minimum=0.0),
+        transport=f.str("transport", None, choices=("host-staged",)),
+        nonfinite=f.str("nonfinite", None, choices=NONFINITE),
     )
     f.done()
     return record

@@ -49,6 +49,9 @@ def build_rank_config(
     min_lr: float = 0.0,
     dataset: str | None = None,
     dataset_kwargs: dict[str, Any] | None = None,
+    compute_device: str | None = None,
+    accept_device_mismatch: bool = False,
+    init_from: str | None = None,
 ) -> dict[str, Any]:
     """The rank config of ``plan`` as a plain dict (deterministic key order).
 
@@ -61,6 +64,11 @@ def build_rank_config(
         data: a text file (a character-level language model).
         dataset, dataset_kwargs: a user's ``module:function`` returning a map-style dataset, and
             its keyword arguments.
+        compute_device: ``cuda`` or ``cpu`` (None: cuda under nccl, cpu under gloo); ``cuda`` with
+            backend gloo is the host-staged transport (:mod:`hetplan.runtime.device.staged`).
+        accept_device_mismatch: a rank whose GPU is not its device's type goes on (with a warning).
+        init_from: weights the ranks start from (a ``save_pretrained`` folder or a state_dict file),
+            written as given: each rank reads its own blocks' tensors from it.
     """
     name = optimizer or plan.optimizer
     if name not in DEFAULT_LR:
@@ -81,6 +89,7 @@ def build_rank_config(
                 "node": d.node,
                 "type": d.type.name,
                 "emulated_slowdown": d.type.slowdown if d.type.emulated else 1.0,
+                "memory": d.type.memory,  # a GPU rank checks its GPU against it
                 **({"slowdown_changes": [list(c) for c in d.type.slowdown_changes]} if d.type.slowdown_changes else {}),
                 "pipeline": program.pipeline,
                 "stage": program.stage,
@@ -108,6 +117,9 @@ def build_rank_config(
             "backend": backend,
             "timeout_s": timeout_s,
             **({"data": data} if data else {}),
+            **({"compute_device": compute_device} if compute_device else {}),
+            **({"accept_device_mismatch": True} if accept_device_mismatch else {}),
+            **({"init_from": str(init_from)} if init_from else {}),
             **({"zero": plan.zero} if plan.zero else {}),
             **({"sync": plan.sync, "sync_options": dict(plan.sync_options)} if plan.sync != "allreduce" else {}),
             **_training_options(

@@ -1,4 +1,4 @@
-"""DeepSpeed: ``ds_config.json``, the ``PipelineModule`` settings, a hostfile and the launcher line.
+"""DeepSpeed: ``ds_config.json``, the ``PipelineModule`` settings and one launch script a node.
 
     files = RUNTIME.render(uniform, plan, profile, cluster)   # {"ds_config.json": ..., ...}
 
@@ -11,14 +11,18 @@ boundary list. The export picks whichever of ``uniform`` and ``parameters`` land
 cut (``type:`` depends on the user's class names) and writes the boundaries it produces, which the
 exported plan uses; hetplan's own boundaries are written beside them (``hetplan_parts``) for a user
 who overrides ``PipelineModule._partition_layers``, a private method. Its pipeline schedule
-(``TrainSchedule``) is 1F1B-like; GPipe is not offered. Its launcher numbers ranks host by host in
-hostfile order and, within a host, by device index (``--include`` is read as a set).
+(``TrainSchedule``) is 1F1B-like; GPipe is not offered. Kept where the plan has them: ZeRO-1
+(``zero_optimization.stage 1``: DeepSpeed's pipeline engine takes stage 0 or 1) and full
+recomputation (``activation_checkpoint_interval 1``: every layer's input kept, the layer run again in
+backward; selective recomputation becomes full). The optimizer is the plan's, with every setting
+explicit (DeepSpeed's ``Adam`` is AdamW unless ``adam_w_mode`` is false; no gradient clipping). Ranks
+are started by torchrun, one script a node (:mod:`hetplan.export.launch`): ``deepspeed.initialize``
+reads torchrun's environment, and torchrun orders a node's devices as listed.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 from hetplan.contracts.cluster import Cluster
@@ -26,11 +30,11 @@ from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Plan
 from hetplan.emit.rank_config import DEFAULT_LR
 from hetplan.export.keys import check_documented, undocumented
-from hetplan.export.launch import MASTER_PORT
+from hetplan.export.launch import node_scripts
 from hetplan.export.partition import cut_distance, deepspeed_parameters, deepspeed_uniform
 from hetplan.export.structure import Cuts, Runtime, Uniform
 
-__all__ = ["DS_CONFIG_KEYS", "LAUNCHER_FLAGS", "PIPELINE_MODULE_ARGS", "RUNTIME", "TOPOLOGY_ARGS"]
+__all__ = ["DS_CONFIG_KEYS", "PIPELINE_MODULE_ARGS", "RUNTIME", "TOPOLOGY_ARGS", "pipeline_module_args"]
 
 #: ``ds_config.json`` keys this export writes, nested as written, from DeepSpeed's configuration
 #: reference https://www.deepspeed.ai/docs/config-json/ (batch size, optimizer, fp16, bf16,
@@ -40,7 +44,18 @@ DS_CONFIG_KEYS: dict[str, Any] = {
     "train_batch_size": int,
     "train_micro_batch_size_per_gpu": int,
     "gradient_accumulation_steps": int,
-    "optimizer": {"type": str, "params": {"lr": float, "momentum": float}},
+    "optimizer": {
+        "type": str,
+        "params": {
+            "lr": float,
+            "betas": list,
+            "eps": float,
+            "weight_decay": float,
+            "adam_w_mode": bool,
+            "momentum": float,
+        },
+    },
+    "gradient_clipping": float,
     "fp16": {"enabled": bool, "loss_scale": float},
     "bf16": {"enabled": bool},
     "zero_optimization": {"stage": int},
@@ -66,11 +81,16 @@ PIPELINE_MODULE_ARGS = frozenset(
 )
 TOPOLOGY_ARGS = frozenset({"num_pp", "num_dp"})
 
-#: The ``deepspeed`` launcher's flags used, from https://www.deepspeed.ai/getting-started/
-#: ("Resource Configuration (multi-node)") and ``deepspeed --help``.
-LAUNCHER_FLAGS = frozenset({"--hostfile", "--include", "--master_addr", "--master_port"})
-
-_OPTIMIZER = {"adam": ("Adam", {}), "adamw": ("AdamW", {}), "sgd": ("SGD", {}), "momentum": ("SGD", {"momentum": 0.9})}
+#: The optimizer of each hetplan optimizer, every setting explicit (torch's defaults; hetplan's
+#: ``adamw`` decays weights by 0.01, as its own runtime, docs/runtime.md). DeepSpeed builds ``Adam``
+#: and ``AdamW`` itself and takes other names from ``torch.optim`` (``SGD``).
+_ADAM = {"betas": [0.9, 0.999], "eps": 1e-8}
+_OPTIMIZER: dict[str, tuple[str, dict[str, Any]]] = {
+    "adam": ("Adam", {**_ADAM, "weight_decay": 0.0, "adam_w_mode": False}),
+    "adamw": ("AdamW", {**_ADAM, "weight_decay": 0.01}),
+    "sgd": ("SGD", {"momentum": 0.0, "weight_decay": 0.0}),
+    "momentum": ("SGD", {"momentum": 0.9, "weight_decay": 0.0}),
+}
 
 
 def _choose_cuts(profile: ModelProfile, stages: int, reference: tuple[int, ...]) -> Cuts:
@@ -99,37 +119,41 @@ def _ds_config(u: Uniform, plan: Plan, profile: ModelProfile) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": u.micro_batch,
         "gradient_accumulation_steps": u.micro_batches,
         "optimizer": {"type": name, "params": {"lr": DEFAULT_LR[u.optimizer], **extra}},
+        "gradient_clipping": 0.0,  # hetplan's plans do not clip
     }
     dtype = plan.dtype or profile.dtype
     if dtype == "fp16":
         config["fp16"] = {"enabled": True, "loss_scale": 0}  # 0: dynamic loss scaling
     elif dtype == "bf16":
         config["bf16"] = {"enabled": True}
-    config["zero_optimization"] = {"stage": 0}  # optimizer state replicated, as hetplan's plans (zero: 0)
+    config["zero_optimization"] = {"stage": u.zero}  # 1: optimizer state sharded over the replicas
     config["steps_per_print"] = 10
     return config
 
 
+def pipeline_module_args(u: Uniform) -> dict[str, Any]:
+    """``PipelineModule`` keyword arguments (besides ``layers``, ``topology`` and ``loss_fn``)."""
+    return {
+        "num_stages": u.stages,
+        "partition_method": u.settings["partition_method"],
+        "activation_checkpoint_interval": 1 if u.recompute == "full" else 0,
+    }
+
+
 def _render(u: Uniform, plan: Plan, profile: ModelProfile, cluster: Cluster) -> dict[str, str]:
-    nodes = u.nodes()
     pipeline = {
-        "PipelineModule": {"num_stages": u.stages, "partition_method": u.settings["partition_method"]},
+        "PipelineModule": pipeline_module_args(u),
         "PipeDataParallelTopology": {"num_pp": u.stages, "num_dp": u.replicas},
         "parts": list(u.cuts),
         "hetplan_parts": u.settings["hetplan_parts"],
         "layers": [b.name for b in profile.blocks],
     }
-    hostfile = "".join(f"{node} slots={len(cluster.node(node).devices)}\n" for node, _ in nodes)
-    include = "@".join(f"{node}:{','.join(map(str, indices))}" for node, indices in nodes)
-    launch = (
-        "#!/usr/bin/env bash\n"
-        "# Written by hetplan export deepspeed: ranks are numbered node by node in hostfile order,\n"
-        f"# rank r runs pipeline stage r // {u.replicas} (PipeDataParallelTopology, axes pipe, data).\n"
-        "# TRAIN_SCRIPT builds PipelineModule(layers=<one LayerSpec per block of pipeline.json>, num_stages,\n"
-        "# partition_method) from pipeline.json and calls deepspeed.initialize(config='ds_config.json').\n"
-        'cd "$(dirname "$0")"\n'
-        f"deepspeed --hostfile hostfile --include {shlex.quote(include)} --master_addr {nodes[0][0]} "
-        f'--master_port {MASTER_PORT} "${{TRAIN_SCRIPT:-train.py}}" --deepspeed --deepspeed_config ds_config.json\n'
+    header = (
+        f"# Written by hetplan export deepspeed: rank r runs pipeline stage r // {u.replicas}\n"
+        "# (PipeDataParallelTopology, axes pipe, data); ranks are numbered node by node, in node-rank order.\n"
+        "# TRAIN_SCRIPT builds PipelineModule(layers=<one LayerSpec per block of pipeline.json>, topology=\n"
+        "# PipeDataParallelTopology(**pipeline.json's), **pipeline.json's PipelineModule) and calls\n"
+        "# deepspeed.initialize(config='ds_config.json'). Run every node's script at the same time.\n"
     )
     config = _ds_config(u, plan, profile)
     check_documented(undocumented(config, DS_CONFIG_KEYS), runtime="deepspeed", file="ds_config.json")
@@ -138,11 +162,11 @@ def _render(u: Uniform, plan: Plan, profile: ModelProfile, cluster: Cluster) -> 
         f"PipeDataParallelTopology.{k}" for k in pipeline["PipeDataParallelTopology"] if k not in TOPOLOGY_ARGS
     ]
     check_documented(problems, runtime="deepspeed", file="pipeline.json")
+    command = '"${TRAIN_SCRIPT:-train.py}" --deepspeed --deepspeed_config ds_config.json'
     return {
         "ds_config.json": json.dumps(config, indent=2) + "\n",
         "pipeline.json": json.dumps(pipeline, indent=2) + "\n",
-        "hostfile": hostfile,
-        "launch.sh": launch,
+        **node_scripts(u, command, header=header),
     }
 
 
@@ -164,5 +188,6 @@ RUNTIME = Runtime(
     choose_cuts=_choose_cuts,
     render=_render,
     notes=_notes,
-    orders_devices=False,  # its launcher takes a node's devices from --include as a set (by index)
+    recompute=("none", "full"),
+    zero=True,
 )

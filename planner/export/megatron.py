@@ -1,15 +1,23 @@
-"""Megatron-LM: the ``pretrain_gpt.py`` command-line arguments and a torchrun line per node.
+"""Megatron-LM: the ``pretrain_gpt.py`` command-line arguments and one torchrun script a node.
 
-    files = RUNTIME.render(uniform, plan, profile, cluster)   # {"megatron-args.txt": ..., "launch.sh": ...}
+    files = RUNTIME.render(uniform, plan, profile, cluster)   # {"megatron-args.txt": ..., "node-n0.sh": ...}
 
-Megatron-LM pipelines transformer layers: the embedding rides with the first stage, the final norm
-and output layer with the last, and ``--num-layers`` layers are split evenly over
-``--pipeline-model-parallel-size`` stages, or unevenly with ``--decoder-first-pipeline-num-layers``
-and ``--decoder-last-pipeline-num-layers`` (the rest split evenly over the middle stages; Megatron
-Core 0.9 and later). A cut between the attention and the MLP of one layer, or a middle that does
-not split evenly, cannot be said: the export takes the nearest cut of that form. The data-parallel
-size is what is left (``world size / (tensor x pipeline)``), the micro-batch count
+Megatron-LM pipelines transformer layers, the embedding (``E``) with the first stage and the output
+layer and loss (``L``) with the last. ``--pipeline-model-parallel-layout`` says any cut at whole
+layers exactly: ``Et*12|t*12|t*4|t*4L`` is four stages of 12, 12, 4 and 4 layers, and a stage may
+hold the embedding or the output alone (``E|t*24|L``). A cut between the attention and the MLP of
+one layer cannot be said: the export takes the nearest cut at whole layers. The data-parallel size
+is what is left (``world size / (tensor x pipeline)``), the micro-batch count
 ``global batch / (micro-batch x data-parallel)``. Its schedule is 1F1B (GPipe is not offered).
+
+Kept: the tensor-parallel degree (one for the model), recomputation (``--recompute-granularity``),
+ZeRO-1 (``--use-distributed-optimizer``), and the plan's optimizer with every setting explicit:
+Megatron's defaults (weight decay 0.01, gradient clipping at norm 1.0) would otherwise turn the
+plan's ``adam`` into clipped AdamW. Every flag written is checked against
+:data:`hetplan.export.megatron_args.MEGATRON_ARGUMENTS` (Megatron's ``arguments.py`` at a named
+commit). The scripts export ``CUDA_DEVICE_MAX_CONNECTIONS=1`` when TP > 1 (Megatron's
+``validate_args`` asserts it: TP communication must be scheduled before the GEMM it overlaps) and
+``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
 """
 
 from __future__ import annotations
@@ -19,42 +27,23 @@ from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Plan
 from hetplan.emit.rank_config import DEFAULT_LR
 from hetplan.export.keys import check_documented
-from hetplan.export.launch import torchrun_script
-from hetplan.export.partition import TransformerLayers, cut_distance, transformer_layers
+from hetplan.export.launch import node_scripts
+from hetplan.export.megatron_args import MEGATRON_ARGUMENTS
+from hetplan.export.partition import TransformerLayers, nearest_cuts, transformer_layers
 from hetplan.export.structure import Cuts, Runtime, Uniform
 
-__all__ = ["ARGUMENTS", "RUNTIME", "parse_arguments"]
+__all__ = ["RUNTIME", "layout_flag", "parse_arguments", "parse_layout"]
 
-#: Arguments this export writes, as ``megatron/training/arguments.py`` of NVIDIA/Megatron-LM
-#: defines them (``_add_network_size_args``, ``_add_distributed_args``, ``_add_training_args``,
-#: ``_add_mixed_precision_args``, ``_add_learning_rate_args``): name -> takes a value.
-ARGUMENTS: dict[str, bool] = {
-    "--num-layers": True,
-    "--hidden-size": True,
-    "--num-attention-heads": True,
-    "--seq-length": True,
-    "--max-position-embeddings": True,
-    "--untie-embeddings-and-output-weights": False,
-    "--tensor-model-parallel-size": True,
-    "--pipeline-model-parallel-size": True,
-    "--decoder-first-pipeline-num-layers": True,
-    "--decoder-last-pipeline-num-layers": True,
-    "--micro-batch-size": True,
-    "--global-batch-size": True,
-    "--fp16": False,
-    "--bf16": False,
-    "--optimizer": True,
-    "--sgd-momentum": True,
-    "--lr": True,
-    "--recompute-granularity": True,
-    "--recompute-method": True,
-    "--recompute-num-layers": True,
-    "--use-distributed-optimizer": False,
+#: The optimizer flags of each hetplan optimizer, every setting explicit (hetplan's ``adamw``
+#: decays weights by 0.01, as its own runtime; nothing clips). Megatron's ``adam`` is AdamW
+#: (decoupled weight decay), so ``adam`` is ``--weight-decay 0``.
+_ADAM = [("--adam-beta1", "0.9"), ("--adam-beta2", "0.999"), ("--adam-eps", "1e-08")]
+_OPTIMIZER: dict[str, list[tuple[str, str]]] = {
+    "adam": [("--optimizer", "adam"), *_ADAM, ("--weight-decay", "0.0")],
+    "adamw": [("--optimizer", "adam"), *_ADAM, ("--weight-decay", "0.01")],
+    "sgd": [("--optimizer", "sgd"), ("--sgd-momentum", "0.0"), ("--weight-decay", "0.0")],
+    "momentum": [("--optimizer", "sgd"), ("--sgd-momentum", "0.9"), ("--weight-decay", "0.0")],
 }
-
-_OPTIMIZER = {"adam": ["--optimizer", "adam"], "sgd": ["--optimizer", "sgd", "--sgd-momentum", "0"]}
-_OPTIMIZER["momentum"] = ["--optimizer", "sgd", "--sgd-momentum", "0.9"]
-_OPTIMIZER["adamw"] = ["--optimizer", "adam"]  # Megatron's adam decouples weight decay (AdamW)
 
 
 def parse_arguments(text: str) -> list[tuple[str, str | None]]:
@@ -69,91 +58,96 @@ def parse_arguments(text: str) -> list[tuple[str, str | None]]:
     return out
 
 
-def _layer_counts(layers: int, stages: int) -> list[tuple[int, int, int]]:
-    """Every ``(first, middle, last)`` layers per stage Megatron accepts for ``stages`` stages."""
-    if stages == 1:
-        return [(layers, 0, 0)]
-    if stages == 2:
-        return [(a, 0, layers - a) for a in range(1, layers)]
-    out = []
-    for a in range(1, layers):
-        for b in range(1, layers - a):
-            rest = layers - a - b
-            if rest >= stages - 2 and rest % (stages - 2) == 0:
-                out.append((a, rest // (stages - 2), b))
-    return out
-
-
-def _bounds(layout: TransformerLayers, stages: int, first: int, middle: int) -> tuple[int, ...]:
-    per_stage = [first] + [middle] * (stages - 2) if stages > 1 else []
-    bounds, layer = [0], 0
-    for count in per_stage:
-        layer += count
-        bounds.append(layout.boundary(layer))
-    return (*bounds, layout.blocks)
+def _candidates(layout: TransformerLayers) -> list[int]:
+    """Block boundaries a layout can cut at: every layer start after block 0 and the end of the last
+    layer (before the output), each a whole-layer boundary."""
+    return sorted({b for b in layout.starts if b > 0} | ({layout.end} if layout.end < layout.blocks else set()))
 
 
 def _max_stages(profile: ModelProfile) -> int:
-    return transformer_layers(profile, runtime="Megatron-LM").count
+    return len(_candidates(transformer_layers(profile, runtime="Megatron-LM"))) + 1
 
 
-def _even(counts: tuple[int, int, int], stages: int) -> bool:
-    """Whether ``(first, middle, last)`` is the plain even split (no uneven-stage flags needed)."""
-    first, middle, last = counts
-    return stages == 1 or (first == last and (stages == 2 or middle == first))
+def layout_flag(layout: TransformerLayers, bounds: tuple[int, ...]) -> str:
+    """``--pipeline-model-parallel-layout`` of a cut: ``E`` first, ``L`` last, ``t*k`` layers per stage."""
+    stages = []
+    for k in range(len(bounds) - 1):
+        count = sum(1 for b in layout.starts if bounds[k] <= b < bounds[k + 1])
+        text = ("E" if k == 0 else "") + ("t" if count == 1 else f"t*{count}" if count else "")
+        stages.append(text + ("L" if k == len(bounds) - 2 else ""))
+    return "|".join(stages)
+
+
+def parse_layout(text: str) -> list[tuple[bool, int, bool]]:
+    """A layout flag back as ``(embedding, layers, loss)`` per stage (the forms :func:`layout_flag` writes)."""
+    out = []
+    for stage in text.split("|"):
+        embedding, loss = stage.startswith("E"), stage.endswith("L")
+        body = stage[int(embedding) : len(stage) - int(loss)]
+        layers = 0 if not body else 1 if body == "t" else int(body.removeprefix("t*"))
+        out.append((embedding, layers, loss))
+    return out
 
 
 def _choose_cuts(profile: ModelProfile, stages: int, reference: tuple[int, ...]) -> Cuts:
-    """The nearest cut Megatron can say (the even split on a tie, then the lighter first stage)."""
+    """The nearest cut at whole layers (any stage sizes, through the layout flag)."""
     layout = transformer_layers(profile, runtime="Megatron-LM")
-    best = min(
-        _layer_counts(layout.count, stages),
-        key=lambda c: (cut_distance(_bounds(layout, stages, c[0], c[1]), reference), not _even(c, stages), c),
-    )
-    first, middle, last = best
-    bounds = _bounds(layout, stages, first, middle)
-    uneven = not _even(best, stages)
-    settings = {"layers": layout.count, "first": first if uneven else None, "last": last if uneven else None}
+    bounds = tuple(nearest_cuts(reference, _candidates(layout), 0, layout.blocks))
+    flag = layout_flag(layout, bounds)
     note = ""
     if bounds != reference:
-        allowed = set(layout.starts[1:])
-        inside = [b for b in reference[1:-1] if b not in allowed]
-        why = f"block(s) {inside} fall inside a layer or beside the embedding/head; " if inside else ""
-        shape = f"{first} layers first, " + (f"{middle} per middle stage, " if stages > 2 else "") + f"{last} last"
-        note = f"{why}Megatron cuts whole layers, evenly but for the first and last stage: {shape}"
-    return Cuts(bounds=bounds, settings=settings, note=note)
+        inside = [b for b in reference[1:-1] if b not in _candidates(layout)]
+        why = f"block(s) {inside} fall inside a layer; " if inside else ""
+        note = f"{why}Megatron cuts whole layers: --pipeline-model-parallel-layout {flag}"
+    return Cuts(bounds=bounds, settings={"layers": layout.count, "layout": flag}, note=note)
 
 
-def _arguments(u: Uniform, plan: Plan, profile: ModelProfile) -> list[str]:
+def _arguments(u: Uniform, plan: Plan, profile: ModelProfile) -> list[tuple[str, str | None]]:
     config = profile.model.get("config", {}) if isinstance(profile.model, dict) else {}
-    lines = ["# Written by hetplan export megatron: pretrain_gpt.py arguments, one per line"]
-    lines.append(f"--num-layers {u.settings['layers']}")
+    out: list[tuple[str, str | None]] = [("--num-layers", str(u.settings["layers"]))]
     for flag, key in (("--hidden-size", "hidden"), ("--num-attention-heads", "heads"), ("--seq-length", "seq")):
         if key in config:
-            lines.append(f"{flag} {config[key]}")
+            out.append((flag, str(config[key])))
     if "seq" in config:
-        lines.append(f"--max-position-embeddings {config['seq']}")
+        out.append(("--max-position-embeddings", str(config["seq"])))
     if profile.model.get("family") == "gpt":
-        lines.append("--untie-embeddings-and-output-weights")  # the zoo's GPT has its own LM head matrix
-    lines += [f"--tensor-model-parallel-size {u.tensor_parallel}", f"--pipeline-model-parallel-size {u.stages}"]
-    if u.settings["first"] is not None:
-        lines.append(f"--decoder-first-pipeline-num-layers {u.settings['first']}")
-        if u.stages > 2:  # with two stages the last takes the rest (and Megatron has no middle to split)
-            lines.append(f"--decoder-last-pipeline-num-layers {u.settings['last']}")
-    lines += [f"--micro-batch-size {u.micro_batch}", f"--global-batch-size {u.global_batch}"]
+        out.append(("--untie-embeddings-and-output-weights", None))  # the zoo's GPT has its own LM head matrix
+    out += [("--tensor-model-parallel-size", str(u.tensor_parallel)), ("--pipeline-model-parallel-size", str(u.stages))]
+    if u.stages > 1:
+        out.append(("--pipeline-model-parallel-layout", u.settings["layout"]))
+    out += [("--micro-batch-size", str(u.micro_batch)), ("--global-batch-size", str(u.global_batch))]
     dtype = plan.dtype or profile.dtype
     if dtype in ("fp16", "bf16"):
-        lines.append(f"--{dtype}")
-    optimizer = _OPTIMIZER[u.optimizer]
-    lines += [f"{optimizer[i]} {optimizer[i + 1]}" for i in range(0, len(optimizer), 2)]
-    lines.append(f"--lr {DEFAULT_LR[u.optimizer]}")
+        out.append((f"--{dtype}", None))
+    out += _OPTIMIZER[u.optimizer]
+    out += [("--clip-grad", "0.0"), ("--lr", str(DEFAULT_LR[u.optimizer]))]
     if u.recompute == "full":  # every layer's input kept, the layer run again in backward
-        lines += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+        out += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"), ("--recompute-num-layers", "1")]
     elif u.recompute == "selective":
-        lines.append("--recompute-granularity selective")
+        out.append(("--recompute-granularity", "selective"))
     if u.zero:
-        lines.append("--use-distributed-optimizer")  # optimizer state sharded over data parallel ranks
-    return lines
+        out.append(("--use-distributed-optimizer", None))  # optimizer state sharded over data parallel ranks
+    return out
+
+
+def _problems(pairs: list[tuple[str, str | None]]) -> list[str]:
+    """Flags Megatron's parser would refuse: unknown, a value where none is taken or none where one is,
+    a value its type cannot convert or outside its choices."""
+    problems = []
+    for flag, value in pairs:
+        arg = MEGATRON_ARGUMENTS.get(flag)
+        if arg is None:
+            problems.append(f"{flag}: not an argument of Megatron-LM's arguments.py")
+        elif (arg.type is None) != (value is None):
+            problems.append(f"{flag}: {'takes no value' if arg.type is None else 'takes a value'}")
+        elif arg.type is not None and value is not None:
+            try:
+                arg.type(value)
+            except ValueError:
+                problems.append(f"{flag}: {value!r} is not {arg.type.__name__}")
+            if arg.choices and value not in arg.choices:
+                problems.append(f"{flag}: {value!r} is not one of {arg.choices}")
+    return problems
 
 
 def _render(u: Uniform, plan: Plan, profile: ModelProfile, cluster: Cluster) -> dict[str, str]:
@@ -161,20 +155,16 @@ def _render(u: Uniform, plan: Plan, profile: ModelProfile, cluster: Cluster) -> 
     command = f'"${{MEGATRON:-.}}/{script}" $(grep -v "^#" megatron-args.txt)'
     header = (
         f"# Written by hetplan export megatron: rank r runs pipeline stage r // {u.replicas * u.tensor_parallel}\n"
-        "# (Megatron's default order tp-cp-ep-dp-pp); ranks are numbered node by node, in this file's order.\n"
+        "# (Megatron's default order tp-cp-ep-dp-pp); ranks are numbered node by node, in node-rank order.\n"
         "# Add your data and tokenizer arguments to megatron-args.txt; MEGATRON is the Megatron-LM checkout.\n"
+        "# Run every node's script at the same time.\n"
     )
-    text = "\n".join(_arguments(u, plan, profile)) + "\n"
-    problems = [
-        f"{flag}: not a documented argument, or {'missing' if ARGUMENTS.get(flag) else 'an unexpected'} value"
-        for flag, value in parse_arguments(text)
-        if ARGUMENTS.get(flag) is not (value is not None)
-    ]
-    check_documented(problems, runtime="megatron", file="megatron-args.txt")
-    return {
-        "megatron-args.txt": text,
-        "launch.sh": torchrun_script(u, command, header=header),
-    }
+    pairs = _arguments(u, plan, profile)
+    check_documented(_problems(pairs), runtime="megatron", file="megatron-args.txt")
+    lines = ["# Written by hetplan export megatron: pretrain_gpt.py arguments, one per line"]
+    lines += [flag if value is None else f"{flag} {value}" for flag, value in pairs]
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if u.tensor_parallel > 1 else {}
+    return {"megatron-args.txt": "\n".join(lines) + "\n", **node_scripts(u, command, header=header, env=env)}
 
 
 def _notes(plan: Plan, profile: ModelProfile) -> list[str]:
@@ -195,4 +185,6 @@ RUNTIME = Runtime(
     render=_render,
     notes=_notes,
     tensor_parallel=True,
+    recompute=("none", "selective", "full"),
+    zero=True,
 )

@@ -24,8 +24,9 @@ from hetplan.errors import HetplanError
 from hetplan.export import deepspeed, megatron, torchtitan
 from hetplan.export.structure import Runtime, Uniform, uniform_structure
 from hetplan.simulate import SimResult, simulate
+from hetplan.units import format_bytes
 
-__all__ = ["EXPORTED_PLAN", "RUNTIMES", "ExportResult", "export_plan", "runtime_named"]
+__all__ = ["EXPORTED_PLAN", "RUNTIMES", "ExportResult", "export_plan", "runtime_named", "unfit_ranks"]
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (deepspeed.RUNTIME, megatron.RUNTIME, torchtitan.RUNTIME)}
 EXPORTED_PLAN = "exported-plan.yaml"
@@ -44,13 +45,27 @@ class ExportResult:
     def dropped(self) -> tuple[str, ...]:
         return self.uniform.dropped
 
+    @property
+    def fits(self) -> bool:
+        """Whether every rank of the exported plan fits in its device's memory (hetplan's simulator)."""
+        return not unfit_ranks(self.uniform, self.sim)
+
     def memory_notes(self) -> list[str]:
-        """Devices the exported plan does not fit on (the runtime would run out of memory there)."""
-        return [
-            f"the exported plan does not fit on {a} ({d.type}): pipeline {d.pipeline} stage {d.stage}"
-            for a, d in self.sim.devices.items()
-            if not d.memory.fits
-        ]
+        """Ranks the exported plan does not fit on (the runtime would run out of memory there)."""
+        return [f"the exported plan does not fit: {line}" for line in unfit_ranks(self.uniform, self.sim)]
+
+
+def unfit_ranks(uniform: Uniform, sim: SimResult) -> list[str]:
+    """``rank R (device, type, stage S): needs X of Y`` for every rank over its memory, by rank."""
+    out = []
+    for rank, address in enumerate(uniform.ranks):
+        d = sim.devices.get(address)
+        if d is not None and not d.memory.fits:
+            out.append(
+                f"rank {rank} ({address}, {d.type}, stage {d.stage}) needs {format_bytes(d.memory.total)} of "
+                f"{format_bytes(d.memory.capacity)}"
+            )
+    return out
 
 
 def runtime_named(name: str) -> Runtime:
@@ -77,12 +92,20 @@ def _inputs_beside(plan: Plan, folder: Path) -> dict[str, dict[str, str]]:
 
 
 def export_plan(
-    runtime_name: str, plan: Plan, profile: ModelProfile, cluster: Cluster, out_dir: str | Path
+    runtime_name: str,
+    plan: Plan,
+    profile: ModelProfile,
+    cluster: Cluster,
+    out_dir: str | Path,
+    *,
+    write_unfit: bool = False,
 ) -> ExportResult:
     """Write ``runtime_name``'s configuration of ``plan`` into ``out_dir`` (see the module docstring).
 
-    Raises :class:`HetplanError` for an unknown runtime, a plan that does not match its inputs, or a
-    model the runtime cannot pipeline (Megatron-LM and torchtitan need transformer layers).
+    Raises :class:`HetplanError` for an unknown runtime, a plan that does not match its inputs, a
+    model the runtime cannot pipeline (Megatron-LM and torchtitan need transformer layers), or an
+    exported plan that hetplan's simulator finds does not fit in memory (naming the first rank over
+    and its memory; nothing is written), unless ``write_unfit``.
     """
     runtime = runtime_named(runtime_name)
     check_plan(plan, cluster, profile)
@@ -92,6 +115,14 @@ def export_plan(
     exported.inputs = _inputs_beside(plan, folder)
     sim = simulate(exported, profile, cluster)
     exported.predicted = sim.predicted()
+    unfit = unfit_ranks(uniform, sim)
+    if unfit and not write_unfit:
+        more = f" (and {len(unfit) - 1} more rank(s))" if len(unfit) > 1 else ""
+        raise HetplanError(
+            f"the {runtime.title} export does not fit: {unfit[0]}{more}; nothing written (--write-anyway writes it)",
+            file=plan.file,
+            field="memory",
+        )
     details: dict[str, Any] = {
         "exported_for": runtime.name,
         "exported_from": Path(plan.file).name if plan.file else None,

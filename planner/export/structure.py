@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hetplan.contracts.cluster import Cluster
@@ -37,7 +37,11 @@ from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.simulate import simulate
 
-__all__ = ["Cuts", "Runtime", "Uniform", "uniform_structure"]
+__all__ = ["RECOMPUTE_FALLBACK", "Cuts", "Runtime", "Uniform", "uniform_structure"]
+
+#: What a recomputation mode becomes where a runtime cannot say it: the next mode that saves at
+#: least as much memory.
+RECOMPUTE_FALLBACK = {"none": ("none",), "selective": ("selective", "full"), "full": ("full",)}
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,16 @@ class Runtime:
     #: Whether its launcher can order a node's devices at will (torchrun: CUDA_VISIBLE_DEVICES lists
     #: them in any order); if not, they go by index.
     orders_devices: bool = True
-    #: Whether its files can say a tensor-parallel degree (one for the whole model), recomputation
-    #: and ZeRO-1 (Megatron-LM: --tensor-model-parallel-size, --recompute-granularity,
-    #: --use-distributed-optimizer).
+    #: Whether its files can say a tensor-parallel degree (one for the whole model): Megatron-LM's
+    #: --tensor-model-parallel-size, torchtitan's tensor_parallel_degree.
     tensor_parallel: bool = False
+    #: The recomputation modes it can say (hetplan's ``none``, ``full``, ``selective``); a mode it
+    #: cannot say becomes the next in :data:`RECOMPUTE_FALLBACK` it can (selective -> full: more
+    #: recomputation, never less memory saved).
+    recompute: tuple[str, ...] = ("none",)
+    #: Whether it can shard the optimizer state over data-parallel replicas (ZeRO-1: DeepSpeed's
+    #: zero_optimization.stage 1, Megatron's --use-distributed-optimizer, torchtitan's FSDP).
+    zero: bool = False
 
 
 @dataclass(frozen=True)
@@ -226,17 +236,21 @@ def _structure(plan: Plan, profile: ModelProfile, cluster: Cluster, runtime: Run
 
     others = sorted({len(p.stages) for p in plan.pipelines} - {stages})
     if others:
-        counts = ", ".join(f"pipeline {i}: {len(p.stages)}" for i, p in enumerate(plan.pipelines))
+        items = [f"pipeline {i}: {len(p.stages)}" for i, p in enumerate(plan.pipelines)]
+        counts = ", ".join(items) if len(items) <= 4 else ", ".join(items[:3]) + f", and {len(items) - 3} more"
         if stages in {len(p.stages) for p in plan.pipelines}:
             why = " (of the plan's stage counts, the one the simulator finds fastest)"
         else:
             why = f" (at most {stages}: {title} cannot cut this model finer)"
         dropped.append(f"stage counts ({counts}): every {title} pipeline has {stages}{why}")
 
-    used_sizes: Counter[int] = Counter()
+    used_sizes: Counter[int] = Counter()  # per device: a replicated stage splits each micro-batch
     for p in plan.pipelines:
-        for m in p.micro_batches:
-            used_sizes[m] += m
+        for s in p.stages:
+            for share in s.shares:
+                for m in p.micro_batches:
+                    k = max(1, round(m * share))
+                    used_sizes[k] += k
     preferred = max(used_sizes, key=lambda m: (used_sizes[m], m))  # the size most samples go through
 
     fit = len(used) // stages
@@ -268,15 +282,18 @@ def _structure(plan: Plan, profile: ModelProfile, cluster: Cluster, runtime: Run
     batch = g // replicas
     micro = max(m for m in range(1, min(preferred, batch) + 1) if batch % m == 0)
     count = batch // micro
+    micro_line = -1  # where the micro-batch line is, rewritten if a smaller size must be taken to fit
     if any(set(p.micro_batches) != {micro} for p in plan.pipelines):
         split = any(len(set(p.micro_batches)) > 1 for p in plan.pipelines)
         described = [f"pipeline {i}: {_sizes(p.micro_batches)}" for i, p in enumerate(plan.pipelines)]
+        micro_line = len(dropped)
         dropped.append(
             f"micro-batch sizes{' with startup splitting' if split else ''} ({_some(described)}): one size "
             f"{micro}, {count} per replica"
         )
     if len({p.batch for p in plan.pipelines}) > 1 or len(plan.pipelines) != replicas:
-        shares = "/".join(str(p.batch) for p in plan.pipelines)
+        batches = tuple(p.batch for p in plan.pipelines)
+        shares = "/".join(map(str, batches)) if len(batches) <= 8 else _sizes(batches)
         each = f"each of the {replicas} replicas takes" if replicas > 1 else "the one replica takes"
         dropped.append(f"batch shares {shares} (by pipeline speed): {each} {batch}")
     replicated = [
@@ -314,7 +331,7 @@ def _structure(plan: Plan, profile: ModelProfile, cluster: Cluster, runtime: Run
         dropped.append(f"optimizer {plan.optimizer}: {title} has no such optimizer; it runs {optimizer}")
     dropped.extend(runtime.notes(plan, profile))
 
-    return Uniform(
+    uniform = Uniform(
         runtime=runtime.name,
         global_batch=g,
         stages=stages,
@@ -332,6 +349,33 @@ def _structure(plan: Plan, profile: ModelProfile, cluster: Cluster, runtime: Run
         recompute=recompute,
         zero=zero,
     )
+    return _fitting_micro_batch(uniform, plan, profile, cluster, micro_line)
+
+
+def _fits(u: Uniform, plan: Plan, profile: ModelProfile, cluster: Cluster) -> bool:
+    return all(d.memory.fits for d in simulate(u.plan(plan), profile, cluster).devices.values())
+
+
+def _fitting_micro_batch(u: Uniform, plan: Plan, profile: ModelProfile, cluster: Cluster, line: int) -> Uniform:
+    """``u``, or with the largest smaller micro-batch size (a divisor of a replica's batch) that fits
+    in memory where ``u`` does not: one size on every device must suit the smallest device, where
+    hetplan gave each its own. ``u`` unchanged when none fits (the export is then refused)."""
+    if _fits(u, plan, profile, cluster):
+        return u
+    batch = u.global_batch // u.replicas
+    for m in range(u.micro_batch - 1, 0, -1):
+        if batch % m:
+            continue
+        smaller = replace(u, micro_batch=m, micro_batches=batch // m)
+        if _fits(smaller, plan, profile, cluster):
+            dropped = list(u.dropped)
+            why = f"{m}, {batch // m} per replica (size {u.micro_batch} does not fit in memory on every device)"
+            if line >= 0:
+                dropped[line] = dropped[line].rsplit("): one size ", 1)[0] + f"): one size {why}"
+            else:
+                dropped.append(f"micro-batch size {u.micro_batch}: one size {why}")
+            return replace(smaller, dropped=tuple(dropped))
+    return u
 
 
 def _parallel_settings(plan: Plan, runtime: Runtime, dropped: list[str]) -> tuple[int, str, int]:
@@ -345,21 +389,24 @@ def _parallel_settings(plan: Plan, runtime: Runtime, dropped: list[str]) -> tupl
         by_recompute[s.recompute] += len(s.devices)
     title = runtime.title
     if not runtime.tensor_parallel:
+        tp = 1
         if set(by_degree) != {1}:
             dropped.append(f"tensor parallelism (TP {'/'.join(map(str, sorted(by_degree)))}): {title} runs TP 1 here")
-        if set(by_recompute) != {"none"}:
-            dropped.append(f"recomputation ({'/'.join(sorted(by_recompute))}): {title} recomputes nothing here")
-        if plan.zero:
-            dropped.append(f"ZeRO-1: {title} keeps the whole optimizer state on every replica here")
-        return 1, "none", 0
-    # one degree for the whole model where the plan has one; TP groups of mixed sizes cannot be
-    # regrouped into the runtime's one grid, so mixed degrees export at TP 1
-    tp = next(iter(by_degree)) if len(by_degree) == 1 else 1
-    recompute = max(by_recompute, key=lambda r: (by_recompute[r], r))
-    if len(by_degree) > 1:
-        described = ", ".join(f"TP {t} on {k} devices" for t, k in sorted(by_degree.items()))
-        dropped.append(f"tensor-parallel degree per stage ({described}): every {title} stage runs TP {tp}")
+    else:
+        # one degree for the whole model where the plan has one; TP groups of mixed sizes cannot be
+        # regrouped into the runtime's one grid, so mixed degrees export at TP 1
+        tp = next(iter(by_degree)) if len(by_degree) == 1 else 1
+        if len(by_degree) > 1:
+            described = ", ".join(f"TP {t} on {k} devices" for t, k in sorted(by_degree.items()))
+            dropped.append(f"tensor-parallel degree per stage ({described}): every {title} stage runs TP {tp}")
+    asked = max(by_recompute, key=lambda r: (by_recompute[r], r))
+    recompute = next((r for r in RECOMPUTE_FALLBACK[asked] if r in runtime.recompute), "none")
     if len(by_recompute) > 1:
         described = ", ".join(f"{r} on {k} devices" for r, k in sorted(by_recompute.items()))
         dropped.append(f"recomputation per stage ({described}): every {title} stage recomputes {recompute}")
-    return tp, recompute, plan.zero
+    elif recompute != asked:
+        dropped.append(f"recomputation {asked}: {title} cannot say it; every stage recomputes {recompute}")
+    zero = plan.zero if runtime.zero else 0
+    if plan.zero and not runtime.zero:
+        dropped.append(f"ZeRO-1: {title} keeps the whole optimizer state on every replica here")
+    return tp, recompute, zero

@@ -27,7 +27,15 @@ from torch import nn
 
 from hetplan.errors import HetplanError
 
-__all__ = ["FEATURES", "ClassificationTask", "ZooModel", "derive_seed", "sample_generator", "uninitialised"]
+__all__ = [
+    "FEATURES",
+    "ClassificationTask",
+    "ZooModel",
+    "derive_seed",
+    "sample_generator",
+    "share_tied",
+    "uninitialised",
+]
 
 #: The classification teacher looks at this many averaged input features (a fixed linear map).
 FEATURES = 256
@@ -97,13 +105,70 @@ class ZooModel(ABC):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed("block", seed, index))
             block = self._new_block(index)
+        self._copy_tied(index, block, seed)
         return block.train()
 
     def build_blocks(self, start: int, end: int, seed: int) -> list[nn.Module]:
-        """Blocks ``[start, end)``; bit for bit the same as building each with :meth:`build_block`."""
+        """Blocks ``[start, end)``; bit for bit the same as building each with :meth:`build_block`,
+        and a tied parameter held by two of them is one ``Parameter`` (shared, as in the model)."""
         if not 0 <= start <= end <= self.n_blocks:
             raise HetplanError(f"expected 0 <= start <= end <= {self.n_blocks}, got [{start}, {end})", field="blocks")
-        return [self.build_block(i, seed) for i in range(start, end)]
+        blocks = [self.build_block(i, seed) for i in range(start, end)]
+        share_tied(self.tied_parameters(), dict(zip(range(start, end), blocks, strict=True)))
+        return blocks
+
+    # -- tied parameters and the model's own names (the zoo has none tied; HF and factory models may) ---
+    def tied_parameters(self) -> list[tuple[tuple[int, str], ...]]:
+        """Parameters shared between blocks: groups of ``(block index, parameter name)``, each group
+        in block order, its first member the canonical one (the one a profile counts and a state
+        dict names). A rank holding several members of a group holds one ``Parameter``; ranks
+        holding members of one group sum their gradients (:mod:`hetplan.runtime.parallel.tied`)."""
+        return []
+
+    def _copy_tied(self, index: int, block: nn.Module, seed: int) -> None:
+        """Give block ``index``'s non-canonical tied parameters the canonical member's values, so a
+        rank building the head alone holds the embedding's weights (building the owner block once)."""
+        for group in self.tied_parameters():
+            owner_block, owner_name = group[0]
+            if owner_block == index:
+                continue
+            mine = [name for b, name in group[1:] if b == index]
+            if not mine:
+                continue
+            source = self.build_block(owner_block, seed).get_parameter(owner_name)
+            with torch.no_grad():
+                for name in mine:
+                    block.get_parameter(name).copy_(source)
+
+    def state_dict_keys(self, index: int) -> dict[str, str]:
+        """Each key of block ``index``'s ``state_dict()`` -> its key in the model's own full state
+        dict (a tied key -> the canonical member's key). The zoo's default: ``<block name>.<key>``."""
+        self._check_index(index)
+        with torch.device("meta"):
+            block = self._new_block(index)
+        name = self.block_names()[index]
+        out = {key: f"{name}.{key}" for key in block.state_dict()}
+        return self._canonical_keys(index, out)
+
+    def _canonical_keys(self, index: int, keys: dict[str, str]) -> dict[str, str]:
+        """``keys`` with every tied member's parameter renamed to its group's canonical key."""
+        own = dict(keys)
+        for group in self.tied_parameters():
+            owner_block, owner_name = group[0]
+            for b, name in group:
+                if b == index and (b, name) != group[0] and name in keys:
+                    owner = own if owner_block == index else self.state_dict_keys(owner_block)
+                    keys[name] = owner[owner_name]
+        return keys
+
+    def hf_config(self) -> Any:
+        """The ``transformers`` config of a Hugging Face model; None for every other model."""
+        return None
+
+    def tp_plan(self, index: int) -> dict[str, str] | None:
+        """Block ``index``'s tensor-parallel plan for user models (``{module path: "colwise" |
+        "rowwise"}``, empty for a replicated block), or None where the model declares none."""
+        return None
 
     @abstractmethod
     def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,6 +188,20 @@ class ZooModel(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.model!r})"
+
+
+def share_tied(groups: list[tuple[tuple[int, str], ...]], blocks: dict[int, nn.Module]) -> None:
+    """Make the members of each tied group present in ``blocks`` (index -> block) one Parameter:
+    the first present member's, set on the others' modules."""
+    for group in groups:
+        present = [(b, name) for b, name in group if b in blocks]
+        if len(present) < 2:
+            continue
+        first = blocks[present[0][0]].get_parameter(present[0][1])
+        for b, name in present[1:]:
+            owner_path, _, attr = name.rpartition(".")
+            owner = blocks[b].get_submodule(owner_path) if owner_path else blocks[b]
+            setattr(owner, attr, first)
 
 
 def _check_batch_size(batch_size: int) -> None:

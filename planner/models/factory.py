@@ -1,4 +1,5 @@
-"""A user's model: a ``module:function`` that returns an ``nn.Sequential`` or a list of blocks.
+"""A user's model: a ``module:function`` that returns an ``nn.Sequential``, a list of blocks, or a
+:class:`~hetplan.models.spec.ModelSpec` (blocks with their own loss and samples, any dtype).
 
     zoo = resolve_model({"factory": "user_models:build", "config": {"width": 16}, "input_shape": [8]})
     zoo.block_names()           # the Sequential's child names, or block0, block1, ...
@@ -19,6 +20,11 @@ The synthetic task follows the probe's output: a ``[B, C]`` output (C >= 2) is a
 with labels from a fixed random linear teacher; any other output is a regression to
 ``tanh(z(x)) · T``, ``T`` a fixed random tensor of the output's shape and ``z`` a fixed linear
 function of the input, with the per-sample mean squared error as the loss. Inputs are fp32.
+A ModelSpec with a loss brings its own task instead (:class:`SpecTask`): its ``sample`` gives the
+input's shape and dtype (int64 token ids, for example) and the probe checks its loss is a scalar.
+
+Blocks that share a parameter (one module in two blocks, an embedding tied to a head) are found by
+identity when the factory is first called (:meth:`FactoryModel.tied_parameters`).
 """
 
 from __future__ import annotations
@@ -42,8 +48,10 @@ from hetplan.models.base import (
     derive_seed,
     sample_generator,
 )
+from hetplan.models.partial_build import build_on_meta, build_partially
+from hetplan.models.spec import ModelSpec, check_reduction, summed_loss
 
-__all__ = ["FactoryModel", "RegressionTask", "load_factory"]
+__all__ = ["FactoryModel", "RegressionTask", "SpecTask", "load_factory"]
 
 _PROBE_BATCH = 2  # two samples, so BatchNorm in training mode has statistics to compute
 
@@ -102,6 +110,26 @@ def _check_shape(shape: Any) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _tied_groups(blocks: list[nn.Module]) -> list[tuple[tuple[int, str], ...]]:
+    """Parameters that more than one block holds (by identity), as ``(block, name)`` groups."""
+    where: dict[int, list[tuple[int, str]]] = {}
+    for i, block in enumerate(blocks):
+        for name, p in block.named_parameters():
+            where.setdefault(id(p), []).append((i, name))
+    return [tuple(members) for members in where.values() if len({b for b, _ in members}) > 1]
+
+
+def _items(built: Any) -> list[tuple[str, Any]]:
+    """A factory's result as ``(child name, block)`` pairs, as :meth:`FactoryModel._call` reads it."""
+    if isinstance(built, ModelSpec):
+        built = built.blocks
+    if isinstance(built, nn.Sequential):
+        return list(built._modules.items())  # named_children() would drop a module used twice
+    if isinstance(built, (list, tuple, nn.ModuleList)):
+        return [(str(i), b) for i, b in enumerate(built)]
+    return []
+
+
 class RegressionTask:
     """Targets ``tanh(z(x)) · T``: ``z`` the input's sum over sqrt(its size) (about N(0, 1) for normal
     inputs), ``T`` a fixed random tensor of the output's per-sample shape. Loss: per-sample MSE, summed."""
@@ -133,6 +161,43 @@ class RegressionTask:
         return (diff * diff).reshape(diff.shape[0], -1).mean(dim=1).sum()
 
 
+class SpecTask:
+    """A :class:`~hetplan.models.spec.ModelSpec`'s own task: its ``sample`` drawn once per sample from
+    a generator seeded by (seed, step, i), its loss made a SUM over samples."""
+
+    def __init__(self, factory: str, spec: ModelSpec) -> None:
+        self.factory = factory
+        self.draw = spec.sample
+        self.user_loss = spec.loss
+        self.reduction = check_reduction(spec.reduction, where=factory)
+        x, y = self.one(torch.Generator().manual_seed(0))
+        self.shape, self.dtype = tuple(x.shape), x.dtype
+        self.target_shape, self.target_dtype = tuple(y.shape), y.dtype
+
+    def one(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            item = self.draw(g)
+        except Exception as exc:  # user code
+            raise HetplanError(f"{self.factory}: sample() failed ({_first_line(exc)})", field="factory") from exc
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise HetplanError(f"{self.factory}: sample() returned a {type(item).__name__}; expected an "
+                               "(input, target) pair", field="factory")  # fmt: skip
+        try:
+            return torch.as_tensor(item[0]), torch.as_tensor(item[1])
+        except Exception:  # anything not array-like
+            raise HetplanError(f"{self.factory}: sample() returned something that is not a tensor",
+                               field="factory") from None  # fmt: skip
+
+    def sample_batch(self, batch_size: int, *, seed: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_batch_size(batch_size)
+        pairs = [self.one(sample_generator(seed, step, i)) for i in range(batch_size)]
+        return torch.stack([x for x, _ in pairs]), torch.stack([y for _, y in pairs])
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        assert self.user_loss is not None
+        return summed_loss(self.user_loss, self.reduction, output, targets, where=self.factory)
+
+
 class FactoryModel(TaskModel):
     """A user model from a factory; see the module docstring."""
 
@@ -141,34 +206,115 @@ class FactoryModel(TaskModel):
             raise HetplanError(f"expected a mapping of keyword arguments, got {config!r}", field="config")
         self.factory = factory
         self.config = dict(config or {})
-        self.shape = _check_shape(input_shape)
         self._fn = load_factory(factory)
-        blocks, names = self._call(seed=0)
+        self.spec: ModelSpec | None = None
+        #: why the factory had to be called in full for a partial build (None: it never had to)
+        self.built_whole: str | None = None
+        try:  # the structure on meta: no process holds the whole model to learn its shape
+            blocks, names = self._call(seed=0, meta=True)
+            on_meta = True
+        except Exception:  # the real call says what is wrong, in the user's terms
+            blocks, names = self._call(seed=0)
+            on_meta = False
+        spec = self.spec
+        if spec is not None and (spec.loss is not None) != (spec.sample is not None):
+            raise HetplanError(
+                f"{factory}: a ModelSpec with a loss needs sample() too, and sample() a loss", field="factory"
+            )
+        self.task: ClassificationTask | RegressionTask | SpecTask | None = None
+        if spec is not None and spec.loss is not None:
+            self.task = SpecTask(factory, spec)
+            if input_shape is not None and tuple(_check_shape(input_shape)) != self.task.shape:
+                raise HetplanError(
+                    f"--input-shape {list(input_shape)} differs from the shape sample() gives, {list(self.task.shape)}",
+                    field="--input-shape",
+                )
+            self.shape = self.task.shape
+        else:
+            self.shape = _check_shape(input_shape)
         self._names = names
         self._kinds = [type(b).__name__.lower() for b in blocks]
-        out_shape = self._probe(blocks, names)
-        if len(out_shape) == 1 and out_shape[0] >= 2:
-            self.task: ClassificationTask | RegressionTask = ClassificationTask(self.shape, out_shape[0])
+        self._tied = _tied_groups(blocks)
+        try:
+            out_shape = self._probe(blocks, names, meta=on_meta)
+        except Exception:  # a probe that fails on meta runs again on real blocks: its errors are the user's
+            if not on_meta:
+                raise
+            blocks, names = self._call(seed=0)
+            out_shape = self._probe(blocks, names)
+        if self.task is not None:  # the spec's own loss and samples
+            pass
+        elif len(out_shape) == 1 and out_shape[0] >= 2:
+            self.task = ClassificationTask(self.shape, out_shape[0])
         else:
             self.task = RegressionTask(self.shape, out_shape)
-        super().__init__({"factory": factory, "config": dict(self.config), "input_shape": list(self.shape)})
+        model: dict[str, Any] = {"factory": factory, "config": dict(self.config), "input_shape": list(self.shape)}
+        super().__init__(model)
 
-    def _call(self, seed: int) -> tuple[list[nn.Module], list[str]]:
+    def input_dtype(self) -> torch.dtype:
+        return self.task.dtype if isinstance(self.task, SpecTask) else torch.float32
+
+    def tied_parameters(self) -> list[tuple[tuple[int, str], ...]]:
+        """Parameters the factory's blocks share (by identity), found when it was first called."""
+        return list(self._tied)
+
+    def tp_plan(self, index: int) -> dict[str, str] | None:
+        """The part of the ModelSpec's ``tp_plan`` under block ``index`` (paths relative to it)."""
+        if self.spec is None or self.spec.tp_plan is None:
+            return None
+        prefix = self._names[index] + "."
+        return {k[len(prefix) :]: v for k, v in self.spec.tp_plan.items() if k.startswith(prefix)}
+
+    def state_dict_keys(self, index: int) -> dict[str, str]:
+        """Block ``index``'s keys -> ``<child name>.<key>``: the key in the factory's own
+        ``nn.Sequential`` (``<i>.<key>`` for a list), so a user's ``model.state_dict()`` loads."""
+        self._check_index(index)
+        if getattr(self, "_structure", None) is None:
+            try:
+                self._structure = self._call(0, meta=True)[0]
+            except Exception:  # a factory that cannot run on meta: a real call
+                self._structure = self._call(0)[0]
+        prefix = self._child_keys[index]
+        return self._canonical_keys(index, {key: f"{prefix}.{key}" for key in self._structure[index].state_dict()})
+
+    def _invoke(self, seed: int) -> Any:
+        """The factory's result, called with torch's RNG seeded from ``seed`` alone."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed("factory", seed))
             try:
-                built = self._fn(**self.config)
+                return self._fn(**self.config)
             except TypeError as exc:
                 raise HetplanError(f"calling {self.factory} failed ({_first_line(exc)})", field="config") from exc
             except Exception as exc:  # user code
                 raise HetplanError(f"calling {self.factory} failed ({_first_line(exc)})", field="factory") from exc
+
+    def _call(self, seed: int, *, keep: range | None = None, meta: bool = False) -> tuple[list[nn.Module], list[str]]:
+        """The factory's blocks: all real; on meta (``meta``); or only the blocks in ``keep`` real, with
+        the values a full call gives them (:mod:`hetplan.models.partial_build`; a factory that cannot be
+        built so is called in full)."""
+        if meta:
+            built = build_on_meta(lambda: self._invoke(seed))
+        elif keep is not None:
+            try:
+                built = build_partially(
+                    lambda: self._invoke(seed), lambda b: [m for _, m in _items(b)][keep.start : keep.stop]
+                )
+            except Exception as exc:  # any failure: the full call (which says what is wrong)
+                self.built_whole = _first_line(exc)
+                built = self._invoke(seed)
+        else:
+            built = self._invoke(seed)
+        if isinstance(built, ModelSpec):
+            self.spec = built
+            built = built.blocks
         if isinstance(built, nn.Sequential):
-            items = list(built.named_children())
+            items = list(built._modules.items())  # named_children() would drop a module used twice
         elif isinstance(built, (list, tuple, nn.ModuleList)):
             items = [(str(i), b) for i, b in enumerate(built)]
         else:
             raise HetplanError(
-                f"{self.factory} returned a {type(built).__name__}; expected an nn.Sequential or a list of nn.Module",
+                f"{self.factory} returned a {type(built).__name__}; expected an nn.Sequential, a list of "
+                "nn.Module or a hetplan.models.spec.ModelSpec",
                 field="factory",
             )
         if not items:
@@ -178,13 +324,21 @@ class FactoryModel(TaskModel):
                 raise HetplanError(
                     f"{self.factory}: block {i} is a {type(block).__name__}, not an nn.Module", field="factory"
                 )
+        self._child_keys = [key for key, _ in items]  # the factory's own names: its state_dict's prefixes
         names = [f"block{i}" if key.isdigit() else key for i, (key, _) in enumerate(items)]
         if len(set(names)) != len(names):
             names = [f"block{i}" for i in range(len(items))]
         return [b.train() for _, b in items], names
 
-    def _probe(self, blocks: list[nn.Module], names: list[str]) -> tuple[int, ...]:
-        x = torch.randn((_PROBE_BATCH, *self.shape), generator=torch.Generator().manual_seed(0))
+    def _probe(self, blocks: list[nn.Module], names: list[str], *, meta: bool = False) -> tuple[int, ...]:
+        spec_task = self.task if isinstance(self.task, SpecTask) else None
+        if spec_task is not None:
+            x, y = spec_task.sample_batch(_PROBE_BATCH, seed=0, step=0)
+        else:
+            x = torch.randn((_PROBE_BATCH, *self.shape), generator=torch.Generator().manual_seed(0))
+        if meta:  # blocks built on meta: shapes only
+            x = x.to("meta")
+            y = y.to("meta") if spec_task is not None else None
         with torch.no_grad():
             for i, (block, name) in enumerate(zip(blocks, names, strict=True)):
                 shape = list(x.shape)
@@ -208,6 +362,8 @@ class FactoryModel(TaskModel):
                         field="factory",
                     )
                 x = out
+            if spec_task is not None:
+                spec_task.loss(x, y)  # a scalar, or one line naming the factory
         return tuple(x.shape[1:])
 
     def block_names(self) -> list[str]:
@@ -220,12 +376,14 @@ class FactoryModel(TaskModel):
         raise NotImplementedError
 
     def build_block(self, index: int, seed: int) -> nn.Module:
-        """Block ``index`` of the factory's model built with the RNG seeded from ``seed``."""
+        """Block ``index`` of the factory's model built with the RNG seeded from ``seed`` (only it real)."""
         self._check_index(index)
-        return self._call(seed)[0][index]
+        return self._call(seed, keep=range(index, index + 1))[0][index]
 
     def build_blocks(self, start: int, end: int, seed: int) -> list[nn.Module]:
         """Blocks ``[start, end)`` from one factory call (the same as :meth:`build_block` each)."""
         if not 0 <= start <= end <= self.n_blocks:
             raise HetplanError(f"expected 0 <= start <= end <= {self.n_blocks}, got [{start}, {end})", field="blocks")
-        return self._call(seed)[0][start:end]
+        if torch.get_default_device().type == "meta":  # shapes only
+            return self._call(seed, meta=True)[0][start:end]
+        return self._call(seed, keep=range(start, end))[0][start:end]

@@ -3,6 +3,7 @@
     zoo = resolve_model({"family": "gpt", "config": {"layers": 2, "hidden": 64}})   # defaults filled in
     zoo.model        # {'family': 'gpt', 'config': {'layers': 2, 'hidden': 64, 'heads': 12, ...}}
     zoo = resolve_model({"factory": "pkg.mod:build", "config": {"width": 64}, "input_shape": [3, 32, 32]})
+    zoo = resolve_model({"hf": "llama", "config": {"num_hidden_layers": 2}, "seq": 64})
 
 Zoo families take their config keys, defaults and checks from :mod:`hetplan.families` (torch-free,
 shared with the analytic profiler), so a measured and an analytic profile of one config describe the
@@ -36,6 +37,7 @@ ZOO: dict[str, Callable[[dict[str, int]], ZooModel]] = {
 
 _FAMILY_KEYS = ("family", "config")
 _FACTORY_KEYS = ("factory", "config", "input_shape")
+_HF_KEYS = ("hf", "config", "seq")
 
 
 def _refuse_unknown(model: Mapping[str, Any], known: tuple[str, ...]) -> None:
@@ -51,7 +53,9 @@ def resolve_model(model: Mapping[str, Any]) -> ZooModel:
 
     Args:
         model: ``{"family": name, "config": {...}}`` (a zoo family; missing config keys take the
-            family's defaults) or ``{"factory": "pkg.mod:build", "config": {...}, "input_shape": [...]}``.
+            family's defaults), ``{"factory": "pkg.mod:build", "config": {...}, "input_shape": [...]}``
+            or ``{"hf": "gpt2" | "llama" | "path/config.json", "config": {...}, "seq": 128}``
+            (:mod:`hetplan.models.hf`).
 
     Returns:
         A :class:`ZooModel` whose ``model`` attribute is the normalised section (full config).
@@ -63,8 +67,16 @@ def resolve_model(model: Mapping[str, Any]) -> ZooModel:
     """
     if not isinstance(model, Mapping):
         raise HetplanError(f"expected a mapping with 'family' or 'factory', got {model!r}", field="model")
-    if "family" in model and "factory" in model:
-        raise HetplanError("give either 'family' (a zoo model) or 'factory' (module:function), not both", field="model")
+    if sum(key in model for key in ("family", "factory", "hf")) > 1:
+        raise HetplanError(
+            "give one of 'family' (a zoo model), 'factory' (module:function) or 'hf' (a transformers model), not both",
+            field="model",
+        )
+    if "hf" in model:
+        _refuse_unknown(model, _HF_KEYS)
+        from hetplan.models.hf import HfModel  # transformers is optional: loaded for HF models only
+
+        return HfModel(model["hf"], model.get("config"), model.get("seq"))
     if "factory" in model:
         _refuse_unknown(model, _FACTORY_KEYS)
         return FactoryModel(model["factory"], model.get("config"), model.get("input_shape"))

@@ -50,7 +50,8 @@ from hetplan.contracts.catalog import DTYPES, Catalog, DeviceType, load_catalog
 from hetplan.contracts.model_profile import Block, ModelProfile, TensorParallel, Timing
 from hetplan.errors import HetplanError
 from hetplan.models import ZooModel, resolve_model
-from hetplan.models.gpt_tp import TpGroup, shard_block
+from hetplan.models.gpt_tp import TpGroup
+from hetplan.models.plan_tp import shard_model_block
 from hetplan.profile.carry import carry_times
 
 __all__ = ["cuda_device_type", "measure_profile", "saved_bytes", "saved_storages", "storage_key"]
@@ -66,14 +67,21 @@ def cuda_device_type(name: str, memory_bytes: float, catalog: Catalog | None = N
 
     ``"NVIDIA H100 80GB HBM3"`` -> ``H100-SXM``; A100 and V100 are told apart by their memory
     (``memory_bytes``, as ``torch.cuda.get_device_properties(i).total_memory``). Names with a
-    variant the catalog lacks (H100 PCIe/NVL, A10G, L40, 3090 Ti, ...) give None: the caller
-    asks the user for ``--device-type``.
+    variant the catalog lacks (H100 NVL, H200 NVL, L40, 3090 Ti, ...) give None: the caller
+    asks the user for ``--device-type``. ROCm builds of torch report AMD GPUs through the same
+    call (``"AMD Instinct MI300X"``).
     """
     text = name.upper().replace("NVIDIA", "").replace("GEFORCE", "").replace("TESLA", "").strip()
     gib = memory_bytes / 2**30
     rules: list[tuple[str, str | Callable[[], str]]] = [
         (r"\bGH200\b", "GH200"),
+        (r"\bB200\b", "B200"),
+        (r"\bH200\b(?!.*\bNVL\b)", "H200"),
         (r"\bH100\b(?!.*\b(PCIE|NVL)\b)", "H100-SXM"),
+        (r"\bH100\b.*\bPCIE\b", "H100-PCIe"),
+        (r"\bMI300X\b", "MI300X"),
+        (r"\bL40S\b", "L40S"),
+        (r"\bA10G\b", "A10G"),
         (r"\bA100\b", lambda: "A100-80GB" if gib > 48 else "A100-40GB"),
         (r"\bV100\b", lambda: "V100-32GB" if gib > 24 else "V100-16GB"),
         (r"\bA10\b", "A10"),
@@ -544,8 +552,10 @@ def _measure(
         }
     del inputs
     out_blocks = []
+    counted: set[int] = set()  # a parameter blocks share (tied) is counted in the first block holding it
     for i, block in enumerate(blocks):
-        params = list(block.parameters())
+        params = [p for p in block.parameters() if id(p) not in counted]
+        counted.update(id(p) for p in params)
         flops, kept, out_bytes = stats[i]
         by_degree = {t: found[i] for t, found in per_degree.items()}
         times = {m: _timing(fwd[i, m], bwd[i, m]) for m in sizes}
@@ -671,8 +681,8 @@ def _measure_degree(
         params = list(inner.parameters())
         full_params = sum(p.numel() for p in params)
         full = zoo.build_block(i, seed)
-        shard = shard_block(full, group)
-        if shard is full:
+        shard = shard_model_block(zoo, i, full, group)
+        if shard is full and not getattr(shard, "tp_specs", None):  # replicated (a plan's blocks are cut in place)
             m = sizes[-1]
             _, kept, _ = _stats(block, inputs[m][i], finishes[m] if i == n - 1 else None, m)
             out.append(

@@ -2,6 +2,7 @@
 
     model = model_section("gpt", {"layers": 2}, factory_kwargs={}, input_shape=None)
     model = model_section("pkg.mod:build", {}, factory_kwargs={"width": 64}, input_shape=(3, 32, 32))
+    model = model_section("hf:llama", {"seq": 64}, factory_kwargs={"num_hidden_layers": 2}, input_shape=None)
     profile = analytic_request("gpt", {"layers": 2}, ["A100-80GB"], dtype="fp16", micro_batches=(1, 2))
 
 The command line only parses; these say which combinations make sense (a zoo family takes its
@@ -24,12 +25,23 @@ __all__ = ["analytic_request", "measure_request", "model_section", "summary_line
 def model_section(
     family: str, config: dict[str, Any], *, factory_kwargs: dict[str, Any], input_shape: Sequence[int] | None
 ) -> dict[str, Any]:
-    """The profile's ``model`` section for a zoo family or a ``module:factory`` model."""
-    if ":" in family:
-        if not input_shape:
+    """The profile's ``model`` section for a zoo family, a ``module:factory`` model, or a Hugging Face
+    model ``hf:<model_type or config.json>`` (its config settings in ``--kwargs``, its length ``--seq``)."""
+    if family.startswith("hf:"):
+        others = sorted(set(config) - {"seq"})
+        if input_shape or others:
+            what = "--input-shape" if input_shape else f"--{others[0].replace('_', '-')}"
             raise HetplanError(
-                "a module:factory model needs --input-shape (per sample, e.g. 3,224,224)", field="--input-shape"
+                f"{what} is not a Hugging Face model's setting; give its config in --kwargs and its length in --seq",
+                field=what,
             )
+        section: dict[str, Any] = {"hf": family[3:], "config": dict(factory_kwargs)}
+        if "seq" in config:
+            section["seq"] = config["seq"]
+        return section
+    if ":" in family:
+        if not input_shape:  # a ModelSpec's sample() gives it; otherwise the model says it is missing
+            return {"factory": family, "config": dict(factory_kwargs)}
         return {"factory": family, "config": dict(factory_kwargs), "input_shape": list(input_shape)}
     if factory_kwargs or input_shape:
         raise HetplanError(

@@ -36,6 +36,7 @@ from hetplan.runtime.pacing import CENTRAL  # the address the extra rank takes i
 from hetplan.runtime.param_server import ParamServer
 from hetplan.runtime.precision import Precision
 from hetplan.runtime.tensor_parallel import tensor_parallel_group
+from hetplan.runtime.weights.materialise import build_rank_blocks
 from hetplan.schedule.compile import CompiledPlan
 
 __all__ = [
@@ -147,7 +148,7 @@ def run_central(
         GroupScheduler(pipelines, group_size=int(plan.sync_option("group_size"))).serve()
         return
     zoo = resolve_model(config.model)
-    blocks = dict(enumerate(zoo.build_blocks(0, config.n_blocks, config.seed)))
+    blocks = dict(enumerate(build_rank_blocks(zoo, 0, config.n_blocks, config.seed, init_from=config.init_from)))
     names = param_names(zoo, blocks)
     params = dict(zip(names, (p for i in sorted(blocks) for p in blocks[i].parameters()), strict=True))
     layouts = {

@@ -90,6 +90,7 @@ __all__ = [
     "checkpoint_state",
     "load_checkpoint",
     "read_block",
+    "read_blocks",
     "read_manifest",
     "resolve_checkpoint",
     "save_checkpoint",
@@ -710,22 +711,36 @@ def read_block(root: str | Path, block: int | str, *, step: int | None = None) -
         name = found[0]
     else:
         name = block
+    return read_blocks(manifest.folder, [name])[name]
+
+
+def read_blocks(root: str | Path, names: Sequence[str], *, step: int | None = None) -> dict[str, SavedBlock]:
+    """Read the blocks ``names`` of a checkpoint at once (its index read, each file checked, once)."""
+    manifest = read_manifest(resolve_checkpoint(root, step))
+    for name in names:
         if name not in manifest.blocks:
             raise HetplanError(f"no block {name!r} in this checkpoint", file=str(manifest.path), field="blocks")
     metadata = _read_index(manifest)
-    loaded = _load_keys(manifest, metadata, [k for k in metadata.state_dict_metadata if k.startswith(f"{name}/")])
-    params, master, optimizer = {}, {}, {}
-    for key, value in loaded.items():
-        _, kind, rest = key.split("/", 2)
-        if kind == "param":
-            params[rest] = value
-        elif kind == "master":
-            master[rest] = value
-        elif kind == "optim":
-            pname, skey = rest.rsplit("/", 1)
-            entry = optimizer.setdefault(pname, {})
-            if skey.endswith(_ITEM):
-                entry[skey[: -len(_ITEM)]] = value.item()
-            else:
-                entry[skey] = value
-    return SavedBlock(name=name, params=params, master=master, optimizer=optimizer)
+    wanted = {f"{name}/" for name in names}
+    keys = [k for k in metadata.state_dict_metadata if k[: k.find("/") + 1] in wanted]
+    loaded = _load_keys(manifest, metadata, keys)
+    out = {}
+    for name in names:
+        params, master, optimizer = {}, {}, {}
+        for key, value in loaded.items():
+            owner, kind, rest = key.split("/", 2)
+            if owner != name:
+                continue
+            if kind == "param":
+                params[rest] = value
+            elif kind == "master":
+                master[rest] = value
+            elif kind == "optim":
+                pname, skey = rest.rsplit("/", 1)
+                entry = optimizer.setdefault(pname, {})
+                if skey.endswith(_ITEM):
+                    entry[skey[: -len(_ITEM)]] = value.item()
+                else:
+                    entry[skey] = value
+        out[name] = SavedBlock(name=name, params=params, master=master, optimizer=optimizer)
+    return out

@@ -58,15 +58,20 @@ class SampleSpec:
     target_shape: tuple[int, ...]
     target_dtype: torch.dtype
     target_bound: int | None  # integer targets lie in [0, bound) (classes or vocabulary), or None
+    ignore_index: int | None = None  # a target id the loss skips (-100 for transformers' labels)
 
     @classmethod
     def of(cls, zoo: ZooModel, seed: int) -> SampleSpec:
-        """The spec the model's own synthetic task meets (one sample of it is made to see)."""
+        """The spec the model's own synthetic task meets (one sample of it is made to see); a model
+        with ``id_bounds()`` (a transformers LM) states its id ranges itself."""
         _, target = zoo.sample_batch(1, seed=seed, step=0)
         config = zoo.model.get("config") or {}
         vocab = config.get("vocab") if isinstance(config, Mapping) else None
         task = getattr(zoo, "task", None)
         classes = task.classes if isinstance(task, ClassificationTask) else vocab
+        ignore = None
+        if hasattr(zoo, "id_bounds"):
+            vocab, classes, ignore = zoo.id_bounds()
         in_dtype = zoo.input_dtype()
         return cls(
             input_shape=tuple(zoo.sample_shape()),
@@ -75,6 +80,7 @@ class SampleSpec:
             target_shape=tuple(target.shape[1:]),
             target_dtype=target.dtype,
             target_bound=None if target.dtype.is_floating_point else classes,
+            ignore_index=ignore,
         )
 
     def check(self, value: Any, what: str, where: str) -> torch.Tensor:
@@ -100,8 +106,11 @@ class SampleSpec:
         if not (given.is_floating_point if dtype.is_floating_point else integer):
             kind = "floating-point values" if dtype.is_floating_point else "integer ids"
             raise HetplanError(f"{where}: the {what} is {given}; the model takes {kind}", field=FIELD)
-        if bound is not None and value.numel():
-            low, high = int(value.min()), int(value.max())
+        counted = value
+        if what == "target" and self.ignore_index is not None and value.numel():
+            counted = value[value != self.ignore_index]
+        if bound is not None and counted.numel():
+            low, high = int(counted.min()), int(counted.max())
             if low < 0 or high >= bound:
                 bad = low if low < 0 else high
                 raise HetplanError(

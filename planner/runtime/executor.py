@@ -56,20 +56,25 @@ from hetplan.contracts.emulation import SlowdownSchedule
 from hetplan.contracts.rank_config import RankConfig
 from hetplan.errors import HetplanError
 from hetplan.models import resolve_model
-from hetplan.models.gpt_tp import shard_block, shard_specs
+from hetplan.models.gpt_tp import shard_specs
+from hetplan.models.plan_tp import shard_model_block
 from hetplan.runtime.central import DECENTRALISED, device_transfer_group, gradient_process_groups, mode_groups
-from hetplan.runtime.comm import tag_of, wait
+from hetplan.runtime.comm import RankFailureError, tag_of, wait
 from hetplan.runtime.crossover import DeviceTurn
 from hetplan.runtime.data import micro_offsets, open_samples, pipeline_offsets
+from hetplan.runtime.device import make_ops
 from hetplan.runtime.group_scheduler import GroupClient
 from hetplan.runtime.group_sync import GroupLayout, make_group_sync
+from hetplan.runtime.nonfinite import nonfinite_what
 from hetplan.runtime.optim import clip_coefficient
 from hetplan.runtime.pacing import LinkPacer
+from hetplan.runtime.parallel.tied import TiedParams, check_tied_plan
 from hetplan.runtime.param_server import PsClient
 from hetplan.runtime.precision import TORCH_DTYPES, Precision, run_blocks
 from hetplan.runtime.recompute import recomputed
 from hetplan.runtime.tensor_parallel import tensor_parallel_group
 from hetplan.runtime.wave_sync import GroupAverage, WaveSync
+from hetplan.runtime.weights.materialise import build_rank_blocks
 from hetplan.runtime.zero import Zero1Group
 from hetplan.schedule.actions import Action, Kind
 from hetplan.schedule.compile import CompiledPlan
@@ -87,6 +92,9 @@ class StepStats:
     comm_s: float = 0.0
     loss_sum: float = 0.0
     skipped: bool = False
+    #: what was not finite this step ("nan", "inf", "-inf": the loss; "gradient": its norm without
+    #: loss scaling), the same on every rank; the update was then skipped everywhere (None: finite)
+    nonfinite: str | None = None
     extra: dict = field(default_factory=dict)
     #: optional run-log keys of the step (``lr``, ``grad_norm``, ``clipped``): the worker adds them to
     #: its record as they are
@@ -153,6 +161,7 @@ class RankExecutor:
         self.address = address
         self.rank_of = rank_of
         self.device = device
+        self.ops = make_ops(device)  # events, settling, peak memory: CUDA or its CPU stand-in
         self.program = compiled.programs[address]
         self.actions: list[Action] = self.program.actions
         self.zoo = resolve_model(config.model)
@@ -176,14 +185,19 @@ class RankExecutor:
         # tensor parallelism: one process group per TP replica, created first and in plan order on
         # every rank; a member's blocks are cut from the full deterministic blocks
         self.tp = tensor_parallel_group(config.plan, rank_of, address)
-        full = self.zoo.build_blocks(self.program.start, self.program.end, config.seed)
-        self.block_list = [(shard_block(b, self.tp) if self.tp else b).to(device) for b in full]
+        # only this rank's blocks, seeded or loaded from --init-from (hetplan.runtime.weights)
+        start, end = self.program.start, self.program.end
+        full = build_rank_blocks(self.zoo, start, end, config.seed, init_from=config.init_from)
+        self.block_list = [
+            (shard_model_block(self.zoo, self.program.start + i, b, self.tp) if self.tp else b).to(device)
+            for i, b in enumerate(full)
+        ]  # the zoo GPT's Megatron blocks, or the layers a user / HF model's TP plan names
         Precision.cast_model(self.block_list, config.dtype)
         stage = config.plan.pipelines[self.program.pipeline].stages[self.program.stage]
         self.recompute = stage.recompute
         self.run_list = recomputed(self.block_list, stage.recompute)  # what F runs: blocks, or recomputed
         self.blocks = {self.program.start + i: b for i, b in enumerate(self.block_list)}
-        params = [p for b in self.block_list for p in b.parameters()]
+        params = TiedParams.unique([p for b in self.block_list for p in b.parameters()])  # tied: once
         self.compute_dtype = TORCH_DTYPES[config.dtype]
         shapes = _io_shapes(self.zoo, config.seed, self.compute_dtype)
         start = self.program.start
@@ -194,6 +208,12 @@ class RankExecutor:
             self.in_shape, self.in_dtype = self.zoo.sample_shape(), in_dtype
         else:
             self.in_shape, self.in_dtype = shapes[start - 1]
+            if not self.in_dtype.is_floating_point:  # a gradient travels back over every cut
+                raise HetplanError(
+                    f"block {self.names[start]} takes {self.in_dtype} values, so no stage can start there "
+                    "(no gradient flows back through them); cut the model elsewhere",
+                    field="pipelines[].stages[].blocks",
+                )
         self.out_shape, self.out_dtype = shapes[self.program.end - 1]
         pipe = config.plan.pipelines[self.program.pipeline]
         self.pipe_offset = pipeline_offsets(config.plan)[self.program.pipeline]
@@ -210,9 +230,13 @@ class RankExecutor:
         # order on every rank (torch.distributed requires every rank to call new_group identically)
         self.groups: dict[int, tuple[dist.ProcessGroup | None, list[torch.nn.Parameter]]] = {}
         created = gradient_process_groups(compiled, rank_of)
+        # tied parameters (an LM head tied to the embedding): summed over their holders, not per block
+        check_tied_plan(self.zoo, config.plan)
+        self.tied = TiedParams.create(self.zoo, compiled, rank_of, address, self.blocks)
         for g in compiled.groups:
             if g.id in created and address in g.devices:
                 held = [p for b in g.blocks if b in self.blocks for p in self.blocks[b].parameters()]
+                held = [p for p in held if not self.tied.owns(p)]  # summed over their holders instead
                 self.groups[g.id] = (created[g.id], held)
         self.group_order = sorted(self.groups)
         # how a group's holders combine their gradients: the plan's sync mode (all-reduce, top-k, Adasum)
@@ -331,7 +355,7 @@ class RankExecutor:
                     if g.tp_rank == 0 or name in specs:
                         counted_params.append(p)
         order = {id(p): i for i, p in enumerate(params)}
-        self.norm_params = sorted(counted_params, key=lambda p: order[id(p)])
+        self.norm_params = sorted(self.tied.counted(counted_params), key=lambda p: order[id(p)])
         self.group_of = {id(p): gid for gid, (_, held) in self.groups.items() for p in held}
         self._ready: dict[int, int] = {}
         self._issued: dict[int, tuple[Any, torch.Tensor | None, list[torch.Tensor]]] = {}  # pending, flat, grads
@@ -437,12 +461,12 @@ class RankExecutor:
         if turn is not None:  # a co-run: take the device (the wait is waiting, not compute)
             stats.wait_s += turn.acquire()
         try:
-            start, cpu_start = time.perf_counter(), time.thread_time()
+            mark, cpu_start = self.ops.mark(), time.thread_time()
             self._hook_comm_cpu = 0.0
             fn()
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            elapsed = time.perf_counter() - start
+            # the compute stream's own time (a CUDA event, waited on alone): never a device-wide
+            # synchronize, which would also wait for the all-reduces the hooks issued (NCCL's streams)
+            elapsed = self.ops.since(mark)
             if self.slowdown > 1.0:
                 # emulate a slower device type (labelled as emulation everywhere): the compute lasts
                 # slowdown x the CPU time it used. Not x the wall time: on a shared machine the wall
@@ -547,6 +571,11 @@ class RankExecutor:
                 stats.comm_s += time.perf_counter() - t0
                 if self.groups:
                     self._finish_allreduces(stats, where)
+                t0 = time.perf_counter()
+                self.tied.all_reduce(
+                    precision.grad_of, device=self.device, timeout_s=timeout, what=where("the tied all-reduce")
+                )
+                stats.comm_s += time.perf_counter() - t0
                 self._step(step, stats, where)
             i += 1
         stats.extra["loss_scale"] = precision.scaler.scale
@@ -589,6 +618,11 @@ class RankExecutor:
                 what=where("the pipeline's loss all-reduce"),
             )
         stats.loss_sum = float(total[0]) / pipe.batch  # this pipeline's mean loss
+        if not math.isfinite(stats.loss_sum):  # the pipelines step apart: none can skip with the others
+            raise RankFailureError(
+                f"rank {dist.get_rank()} ({self.address}) step {step}: the loss is {stats.loss_sum} (not finite); "
+                f"sync {cfg.plan.sync} cannot skip a step on every pipeline together, so the run stops"
+            )
         # the gradients are weighted by samples / global batch: x B / b is the pipeline's mean gradient
         to_mean = cfg.global_batch / pipe.batch
         norm = math.sqrt(float(total[1])) * to_mean
@@ -648,6 +682,10 @@ class RankExecutor:
         stats.loss_sum = float(total[0]) / cfg.global_batch
         overflow = int(total[1])
         norm = math.sqrt(float(total[2])) / scale
+        # all-reduced, so every rank sees it alike and skips the update with the others (fp16 overflows
+        # of the gradient alone are the loss scaler's ordinary business, not this)
+        stats.nonfinite = nonfinite_what(stats.loss_sum, norm, scaled=precision.scaler.enabled)
+        overflow += stats.nonfinite is not None
         coef = clip_coefficient(norm, cfg.clip_grad_norm) if overflow == 0 else 1.0
         lr = self.lr_schedule.lr_at(step)
         precision.set_lr(lr)

@@ -23,7 +23,17 @@ plan of several nodes runs under the one agent too). What hetplan adds around to
   and the launcher kills every worker's process group, then the agent's (SIGTERM first: the agent
   then ends any worker that had not written its pid yet).
 * **one run log.** Each rank appends to ``RUN/rank-R.jsonl``; they are merged, sorted by step and
-  rank, into ``log``; progress is rank 0's count of finished steps.
+  rank, into ``log`` (also when the run fails or is stopped: the steps so far); progress is rank 0's
+  count of finished steps, and ``on_step`` gets each step once every rank has logged it
+  (:mod:`hetplan.runtime.watch`: loss, step time, samples/s).
+* **signals.** SIGTERM, SIGINT or SIGHUP to the launching process stops every rank (as above),
+  writes the run log so far and raises :class:`~hetplan.runtime.interrupt.InterruptedRunError` (exit code
+  128 + the signal); the same signals sent to the agent itself end it and its workers (torchrun
+  forwards them; each worker ends within its grace period), and the launcher says so.
+* **non-finite losses.** A step whose loss (or, without loss scaling, gradient) is not finite is
+  not applied on any rank (they all see the same all-reduced loss); the ranks then stop together
+  after logging it, and the launcher raises one line naming the step, unless ``skip_nonfinite``:
+  then they keep going and the log counts the steps skipped.
 """
 
 from __future__ import annotations
@@ -43,9 +53,11 @@ from pathlib import Path
 
 from hetplan.contracts.rank_config import load_rank_config
 from hetplan.errors import HetplanError
+from hetplan.runtime.interrupt import STOP_SIGNALS, InterruptedRunError, StopSignals
+from hetplan.runtime.watch import StepLine, StepWatcher
 from hetplan.runtime.worker import TERM_GRACE_S  # what a worker has, after SIGTERM, to say where it was
 
-__all__ = ["LaunchResult", "LocalRun", "launch_local"]
+__all__ = ["LaunchResult", "LocalRun", "launch_local", "refuse_nonfinite"]
 
 #: Added to the rank timeout before a job with no finished step is called stalled.
 STALL_MARGIN_S = 30.0
@@ -80,6 +92,8 @@ def launch_local(
     kill_rank_after: tuple[int, float] | None = None,
     kill_signal: signal.Signals = signal.SIGKILL,
     crash_in_save: tuple[int, int] | None = None,
+    on_step: Callable[[StepLine], None] | None = None,
+    skip_nonfinite: bool = False,
 ) -> LaunchResult:
     """Train ``steps`` steps with every rank here; raise one-line :class:`HetplanError` on failure.
 
@@ -89,36 +103,58 @@ def launch_local(
     per-rank logs (default: a temporary folder, removed after a run that succeeds). ``stall_s``
     overrides the rank timeout + 30 s after which a job with no finished step is stopped (once a
     step has finished: until then the ranks are starting, bounded by their own timeout).
+    ``on_step(line)`` is called for each step once every rank has logged it. A non-finite loss
+    stops the run with one line naming the step, unless ``skip_nonfinite`` (the step's update is
+    skipped on every rank, and the run goes on). A failed or stopped run still writes ``log`` with
+    the steps done so far; SIGTERM, SIGINT or SIGHUP raise :class:`InterruptedRunError` once every rank has
+    ended.
 
     For fault tests: ``kill_rank_after=(rank, seconds)`` sends ``kill_signal`` to that rank's
     process after that long, and not before a step has finished (so that it lands in training,
     however long the start takes); ``crash_in_save=(rank, step)`` kills that rank in the middle of the
     checkpoint of that step (its files written, the checkpoint not yet published).
     """
-    run = LocalRun(
-        config_path,
-        steps=steps,
-        emulate=emulate,
-        save=save,
-        save_every=save_every,
-        keep_last=keep_last,
-        resume=resume,
-        resume_step=resume_step,
-        threads=threads,
-        progress=progress,
-        blocking_allreduce=blocking_allreduce,
-        run_dir=run_dir,
-        stall_s=stall_s,
-        kill_rank_after=kill_rank_after,
-        kill_signal=kill_signal,
-        crash_in_save=crash_in_save,
-    )
-    try:
-        while not run.poll():
-            time.sleep(POLL_S)
-    finally:
-        run.stop()
-    return run.collect(log)
+    with StopSignals() as signals:  # from before the agent starts: no moment where a signal orphans it
+        run = LocalRun(
+            config_path,
+            steps=steps,
+            emulate=emulate,
+            save=save,
+            save_every=save_every,
+            keep_last=keep_last,
+            resume=resume,
+            resume_step=resume_step,
+            threads=threads,
+            progress=progress,
+            blocking_allreduce=blocking_allreduce,
+            run_dir=run_dir,
+            stall_s=stall_s,
+            kill_rank_after=kill_rank_after,
+            kill_signal=kill_signal,
+            crash_in_save=crash_in_save,
+            on_step=on_step,
+            skip_nonfinite=skip_nonfinite,
+        )
+        try:
+            while signals.received is None and not run.poll():
+                time.sleep(POLL_S)
+        except HetplanError:
+            run.stop()
+            run.collect(log, keep=True)  # the steps so far; the rank logs stay for the message's pointer
+            raise
+        finally:
+            run.stop()
+        if signals.received is not None:
+            done = run.collect(log, keep=True)
+            raise InterruptedRunError(
+                f"stopped by {signals.name} after {_steps_done(done.records)} of {steps} steps; every rank has "
+                "ended" + (f"; run log so far: {log}" if log else "") + f" (rank logs: {run.work})",
+                signum=signals.received,
+            )
+        result = run.collect(log)
+    if not skip_nonfinite:
+        refuse_nonfinite(result.records, log)
+    return result
 
 
 class LocalRun:
@@ -150,6 +186,8 @@ class LocalRun:
         kill_rank_after: tuple[int, float] | None = None,
         kill_signal: signal.Signals = signal.SIGKILL,
         crash_in_save: tuple[int, int] | None = None,
+        on_step: Callable[[StepLine], None] | None = None,
+        skip_nonfinite: bool = False,
     ) -> None:
         config = load_rank_config(config_path)
         if save_every is not None and (save_every < 1 or not save):
@@ -181,10 +219,14 @@ class LocalRun:
         worker += ["--resume", str(Path(resume).resolve())] if resume else []
         worker += ["--resume-step", str(resume_step)] if resume_step is not None else []
         worker += ["--crash-in-save", f"{crash_in_save[0]}:{crash_in_save[1]}"] if crash_in_save else []
+        worker += ["--skip-nonfinite"] if skip_nonfinite else []
+        self.on_step = on_step
+        self.watcher = StepWatcher(work, world=self.world, global_batch=config.global_batch, steps=steps)
         torchrun = _torchrun_args(len(addresses), work, worker)
         root = Path(__file__).resolve().parents[2]
         env = dict(os.environ)
         env["OMP_NUM_THREADS"] = str(threads)  # set: torchrun then neither overrides it nor warns
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # GPUs in PCI order, as the cluster file numbers them
         env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         failures = work / "failures.json"
         command = [sys.executable, "-m", "hetplan.runtime.launcher", str(failures), "--", *torchrun]
@@ -213,9 +255,15 @@ class LocalRun:
             self.count, self.last_progress = count, time.time()
             if self.progress:
                 self.progress(count, self.steps)
+        if self.on_step:
+            for line in self.watcher.poll():
+                self.on_step(line)
         if code == 0:
             return True
         if code is not None:
+            signum = _agent_signal(code)
+            if signum is not None:
+                raise InterruptedRunError(_failure_message(work, self.addresses, code), signum=signum)
             raise HetplanError(_failure_message(work, self.addresses, code))
         kill = self.kill_rank_after
         if kill and not self.killed and count > 0 and time.time() - self.start > kill[1]:
@@ -244,9 +292,9 @@ class LocalRun:
         """End whatever is left of the job (nothing once it has ended by itself)."""
         _stop(self.agent, self.status)
 
-    def collect(self, log: str | Path | None = None) -> LaunchResult:
+    def collect(self, log: str | Path | None = None, *, keep: bool = False) -> LaunchResult:
         """Every rank's records, sorted by step and rank, written to ``log`` if given; the run folder
-        is removed unless it was asked for."""
+        is removed unless it was asked for or ``keep`` (a failed run: its rank logs are where to look)."""
         records = []
         for rank in range(self.world):
             path = self.work / f"rank-{rank}.jsonl"
@@ -257,7 +305,7 @@ class LocalRun:
         if target:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-        if not self.keep_run_dir:
+        if not self.keep_run_dir and not keep:
             shutil.rmtree(self.work, ignore_errors=True)
         return LaunchResult(records=records, wall_s=time.time() - self.start, log=target)
 
@@ -266,7 +314,8 @@ class LocalRun:
 
 
 def _worker_args(config_path: str | Path, nodes: list[str], *, steps: int, work: Path, threads: int) -> list[str]:
-    """The worker's arguments every launch passes (torchrun's ``-m`` runs the module).
+    """The worker's arguments every launch passes (torchrun's ``-m`` runs the module). The backend is
+    the rank config's (``hetplan launch`` writes gloo; a config that says nccl runs NCCL, one rank a GPU).
 
     ``--node-name`` and ``--run-log`` rather than ``--node`` and ``--log``: torchrun's parser reads
     every argument and refuses a prefix of its own options (``--node-rank``, ``--log-dir``).
@@ -281,8 +330,6 @@ def _worker_args(config_path: str | Path, nodes: list[str], *, steps: int, work:
         str(steps),
         "--run-log",
         str(work / "rank-{rank}.jsonl"),
-        "--backend",
-        "gloo",
         "--threads",
         str(threads),
         "--status-dir",
@@ -374,8 +421,31 @@ def _last_error(path: Path | None) -> str:
 
 
 def _stopped(line: str) -> bool:
-    """A rank's line that says only that it was stopped because another one failed."""
-    return ": stopped by SIGTERM" in line
+    """A rank's line that says only that it was stopped (another one failed, or a signal came)."""
+    return any(f": stopped by {sig.name}" in line for sig in STOP_SIGNALS)
+
+
+def _agent_signal(code: int) -> int | None:
+    """The stop signal that ended the agent (its exit code: -N, or 128 + N from :func:`_agent`)."""
+    signum = -code if code < 0 else code - 128 if code > 128 else None
+    return signum if signum in {int(s) for s in STOP_SIGNALS} else None
+
+
+def _steps_done(records: list[dict]) -> int:
+    """Steps that rank 0 finished."""
+    return sum(1 for r in records if r["rank"] == 0)
+
+
+def refuse_nonfinite(records: list[dict], log: str | Path | None) -> None:
+    """One line for a run whose ranks stopped at a non-finite loss (they log the step, then end)."""
+    bad = next((r for r in records if r.get("nonfinite")), None)
+    if bad is None:
+        return
+    what = "gradient norm" if bad["nonfinite"] == "gradient" else f"loss ({bad['nonfinite']})"
+    raise HetplanError(
+        f"step {bad['step']}: the {what} is not finite; stopped every rank there, without applying that step "
+        "(--skip-nonfinite skips such steps and goes on)" + (f"; run log: {log}" if log else "")
+    )
 
 
 def _as_rank_line(rank: int, addresses: list[str], text: str) -> str:
@@ -388,6 +458,9 @@ def _failure_message(work: Path, addresses: list[str], agent_code: int) -> str:
         failed = {int(r): f for r, f in json.loads((work / "failures.json").read_text(encoding="utf-8")).items()}
     errors = {rank: _last_error(_rank_stderr(work, rank)) for rank in range(len(addresses))}
     parts = []
+    signum = _agent_signal(agent_code)
+    if signum is not None:
+        parts.append(f"torchrun's agent got {signal.Signals(signum).name} and stopped every rank")
     # the ranks torchrun saw fail first, those killed by a signal before those that exited
     for rank in sorted(failed, key=lambda r: (failed[r].get("exitcode", 0) >= 0, r)):
         code = failed[rank].get("exitcode")
@@ -431,6 +504,7 @@ def _agent(argv: list[str]) -> int:
     On a worker failure torchrun raises ``ChildFailedError`` with every failed rank's exit code;
     written as JSON it spares the launcher parsing torchrun's report (which goes to the agent log).
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -451,6 +525,9 @@ def _agent(argv: list[str]) -> int:
         os.replace(tmp, failures)
         print(f"torchrun: {exc.get_first_failure()[1]}", file=sys.stderr, flush=True)
         return 1
+    except SignalException as exc:  # torchrun has sent the signal on to its workers and ended them
+        print(f"torchrun: stopped by {signal.Signals(exc.sigval).name}", file=sys.stderr, flush=True)
+        return 128 + int(exc.sigval)
     return 0
 
 

@@ -3,12 +3,14 @@
     peak, stats = measure_peak(lambda: executor.run_step(step), held=executor.held_tensors(), device=dev)
 
 On CUDA it is ``torch.cuda.max_memory_allocated`` (the caching allocator's peak of live tensor
-bytes, since the run began). On CPU there is no such counter, and process RSS counts the
-interpreter, libraries and freed-but-kept pages; so the step runs under the torch profiler with
-memory tracking (``profile_memory=True``), which records every allocation and free of the CPU
-allocator with its size: the peak is the bytes of tensors alive when the step began plus the
-highest running sum of those records. The profiler slows the step down, so the runtime measures
-one step of a run this way (the second, once the optimizer state exists), not every step.
+bytes), its window reset as the step begins (:class:`hetplan.runtime.device.CudaOps`): each step's
+peak is its own, so a checkpoint's spike does not read as every later step's. On CPU there is no
+such counter, and process RSS counts the interpreter, libraries and freed-but-kept pages; so the
+step runs under the torch profiler with memory tracking (``profile_memory=True``), which records
+every allocation and free of the CPU allocator with its size: the peak is the bytes of tensors
+alive when the step began plus the highest running sum of those records. The profiler slows the
+step down, so the runtime measures one step of a run this way (the second, once the optimizer
+state exists), not every step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import TypeVar
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+
+from hetplan.runtime.device import make_ops
 
 __all__ = ["live_bytes", "measure_peak"]
 
@@ -54,9 +58,14 @@ def _quiet_stderr() -> Iterator[None]:
 
 def measure_peak(run: Callable[[], T], *, held: Iterable[torch.Tensor], device: torch.device) -> tuple[float, T]:
     """Run ``run()``; return the peak of live tensor bytes during it (``held``: those alive before)."""
+    ops = make_ops(device)
     if device.type == "cuda":
+        # the window starts with the step: a checkpoint's or an earlier step's spike is not this one's
+        ops.reset_peak()
         result = run()
-        return float(torch.cuda.max_memory_allocated(device)), result
+        peak = ops.peak_bytes()
+        assert peak is not None
+        return peak, result
     baseline = live_bytes(held)
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False)
     with _quiet_stderr():  # kineto announces its start and stop on stderr, whatever its log level

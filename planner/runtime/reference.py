@@ -71,7 +71,7 @@ def train_reference(
     schedule = lr_schedule or LrSchedule(lr)
     blocks = blocks or zoo.build_blocks(0, zoo.n_blocks, seed)
     Precision.cast_model(blocks, dtype)
-    params = [p for b in blocks for p in b.parameters()]
+    params = list({id(p): p for b in blocks for p in b.parameters()}.values())  # a tied parameter once
     precision = Precision(dtype, params, optimizer=optimizer, lr=lr, weight_decay=weight_decay)
     device = params[0].device if params else torch.device("cpu")
     losses = []

@@ -12,7 +12,8 @@ dense gradient in rank order (so every rank holds the same bits). With ``ratio =
 sent and no residual is kept: the result is the plain sum, i.e. the all-reduce.
 
 Ties in magnitude are broken by index (``torch.topk`` on CPU is not documented to be stable, so the
-selection sorts explicitly): every run selects the same entries.
+selection sorts explicitly): every run selects the same entries. Every tensor is made on the
+gradient's device (NCCL gathers only CUDA tensors): the indices, the dense sum, a restored residual.
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ class TopK:
         """The (int64 indices, values) of ``grad`` + residual to send; the rest becomes the residual."""
         flat = grad.detach().flatten()
         if name in self.residual:
-            flat = flat + self.residual[name]
+            flat = flat + self.residual[name].to(flat.device)  # a restored residual may be on the host
         k = self.k_of(flat.numel())
         if k == flat.numel():
             self.residual.pop(name, None)
-            return torch.arange(flat.numel(), dtype=torch.int64), flat.clone()
+            return torch.arange(flat.numel(), dtype=torch.int64, device=flat.device), flat.clone()
         # largest magnitude first, ties by the lower index: a stable sort of -|x|
         order = torch.sort(-flat.abs(), stable=True).indices[:k]
         idx = torch.sort(order).values
@@ -66,7 +67,7 @@ def densify(parts: Sequence[tuple[torch.Tensor, torch.Tensor]], numel: int) -> t
     """The sum of every rank's sparse (indices, values), dense, added in the given (rank) order."""
     if not parts:
         raise ValueError("nothing to densify")
-    out = torch.zeros(numel, dtype=parts[0][1].dtype)
+    out = torch.zeros(numel, dtype=parts[0][1].dtype, device=parts[0][1].device)
     for idx, values in parts:
         out.index_add_(0, idx, values)
     return out

@@ -65,12 +65,13 @@ segment is handled a bounded number of times.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from hetplan.errors import HetplanError
 from hetplan.schedule.actions import Action, Kind
 from hetplan.schedule.compile import gc_paused
 
-__all__ = ["SEMANTICS", "validate_programs"]
+__all__ = ["SEMANTICS", "P2PGroup", "validate_p2p_groups", "validate_programs"]
 
 SEMANTICS = ("nccl", "gloo")
 
@@ -116,6 +117,49 @@ def validate_programs(actions: Mapping[str, Sequence[Action]], *, semantics: str
         run.execute()
         if semantics == "nccl":
             run.check_pair_order()
+
+
+@dataclass(frozen=True)
+class P2PGroup:
+    """A process group that batched send/receive use, as the runtime sets it up at start-up.
+
+    ``members``: the device addresses (``central`` for the central process) of the group;
+    ``initialised_on``: those that run a collective on it before any batched send/receive
+    (:func:`hetplan.runtime.device.transport.warm_p2p_group`)."""
+
+    name: str
+    members: frozenset[str]
+    initialised_on: frozenset[str]
+
+
+def validate_p2p_groups(
+    actions: Mapping[str, Sequence[Action]], groups: Sequence[P2PGroup], *, semantics: str = "nccl"
+) -> None:
+    """Refuse, in one line, batched send/receive on a group that is not set up for it.
+
+    Every transfer's two devices must be members of a group; under ``"nccl"`` that group must be
+    initialised on every member at start-up, since ``batch_isend_irecv`` as a group's first
+    collective needs all its members, and a member that never transfers (a one-device pipeline of
+    wsp or sdpipe) would never join it: the others would hang in their first batch.
+    """
+    if semantics not in SEMANTICS:
+        raise HetplanError(f"unknown communication semantics {semantics!r}: expected one of {', '.join(SEMANTICS)}")
+    for device, acts in actions.items():
+        for a in acts:
+            if a.kind not in _TRANSFERS:
+                continue
+            group = next((g for g in groups if device in g.members and a.peer in g.members), None)
+            if group is None:
+                raise HetplanError(f"device {device}: {a} has no process group holding both {device} and {a.peer}")
+            missing = sorted(group.members - group.initialised_on)
+            if semantics == "nccl" and missing:
+                shown = ", ".join(missing[:_SHOWN]) + (
+                    f" and {len(missing) - _SHOWN} more" if len(missing) > _SHOWN else ""
+                )
+                raise HetplanError(
+                    f"device {device}: {a} is a batched send/receive on {group.name}, which {shown} never "
+                    "initialise at start-up: under NCCL the first batch would need every member and hang"
+                )
 
 
 class _AbstractRun:

@@ -11,7 +11,9 @@ exits with code 3.
 
 SIGTERM (torchrun's agent ends the other workers when one fails) does not end a rank at once: it
 has a few seconds to report what it was waiting on (a receive from a dead peer fails within
-milliseconds), then it ends with a line saying where it was stopped.
+milliseconds), then it ends with a line saying where it was stopped. SIGINT and SIGHUP (which
+torchrun's agent passes on when it receives them) do the same, so that a rank blocked in a
+collective still ends within seconds.
 """
 
 from __future__ import annotations
@@ -50,21 +52,24 @@ class _Where:
 
 
 def _stop_after_grace_on_sigterm(where: _Where) -> None:
-    """Turn SIGTERM into "end in TERM_GRACE_S seconds", however the main thread is blocked.
+    """Turn SIGTERM, SIGINT and SIGHUP into "end in TERM_GRACE_S seconds", however the main thread
+    is blocked.
 
     A Python handler would run only once the main thread leaves a blocking collective; instead
-    SIGTERM is blocked in every thread (this runs before torch starts any) and one thread waits for
-    it with ``sigwait``.
+    the signals are blocked in every thread (this runs before torch starts any) and one thread waits
+    for them with ``sigwait``. One the process ignores (``nohup``'s SIGHUP) stays ignored.
     """
     if not hasattr(signal, "pthread_sigmask"):  # not POSIX: keep the default (end at once)
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    stops = {s for s in stops if signal.getsignal(s) is not signal.SIG_IGN}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
 
     def watch() -> None:
-        signal.sigwait({signal.SIGTERM})
+        got = signal.Signals(signal.sigwait(stops))
         time.sleep(TERM_GRACE_S)
-        print(f"error: {where}: stopped by SIGTERM while {where.doing}", file=sys.stderr, flush=True)
-        os._exit(128 + signal.SIGTERM)
+        print(f"error: {where}: stopped by {got.name} while {where.doing}", file=sys.stderr, flush=True)
+        os._exit(128 + got)
 
     threading.Thread(target=watch, name="hetplan-sigterm", daemon=True).start()
 
@@ -124,9 +129,11 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     from hetplan.runtime.central import CENTRAL, process_group_backend, run_central
     from hetplan.runtime.checkpoint import load_checkpoint
     from hetplan.runtime.comm import RankFailureError
+    from hetplan.runtime.device.rank_device import choose_device
+    from hetplan.runtime.device.transport import check_transport, p2p_groups, start_transport, warm_p2p_group
     from hetplan.runtime.executor import RankExecutor
     from hetplan.runtime.memtrack import measure_peak
-    from hetplan.runtime.validate import validate_programs
+    from hetplan.runtime.validate import validate_p2p_groups, validate_programs
     from hetplan.schedule.compile import compile_plan
 
     config = load_rank_config(args.config)
@@ -139,13 +146,18 @@ def run(args: argparse.Namespace, where: _Where) -> None:
             file=config.file,
             field="crossover",
         )
-    # the central process of wsp/sdpipe holds no GPU: it moves CPU tensors only (over gloo)
-    if backend == "nccl" and address != CENTRAL and not torch.cuda.is_available():
-        raise HetplanError("backend nccl needs CUDA, and this machine has none; use --backend gloo", field="--backend")
-    # the GPU is the device's own index (NODE/INDEX), not LOCAL_RANK: a plan may leave a node's other
-    # GPUs idle, and torchrun starts one process per *used* device
-    on_gpu = backend == "nccl" and address != CENTRAL
-    device = torch.device("cuda", int(address.split("/")[1])) if on_gpu else torch.device("cpu")
+    # the GPU: the local rank's among the visible ones (PCI order), checked against the plan's type;
+    # the central process of wsp/sdpipe holds none (it moves CPU tensors only, over gloo)
+    choice = choose_device(
+        config,
+        None if address == CENTRAL else address,
+        backend=backend,
+        compute=args.compute_device or config.compute_device,
+        accept_mismatch=args.accept_device_mismatch or config.accept_device_mismatch,
+    )
+    device = choice.device
+    check_transport(config, staged=choice.staged)
+    start_transport(choice)  # host-staged under gloo on a GPU; waits settle on the device
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = config.dtype == "tf32"
@@ -199,7 +211,9 @@ def run(args: argparse.Namespace, where: _Where) -> None:
             raise RankFailureError(f"{where}: {exc}") from None
         dist.destroy_process_group()
         return
-    validate_programs({a: p.actions for a, p in compiled.programs.items()})
+    programs = {a: p.actions for a, p in compiled.programs.items()}
+    validate_programs(programs)
+    validate_p2p_groups(programs, p2p_groups(config, backend), semantics="nccl" if backend == "nccl" else "gloo")
     mine = compiled.programs[address].render()
     if mine != config.devices[address].actions:
         raise HetplanError(
@@ -217,6 +231,9 @@ def run(args: argparse.Namespace, where: _Where) -> None:
         blocking_allreduce=args.blocking_allreduce,
         central_rank=central_rank,
     )
+    if backend == "nccl":  # every device rank, before any batched send/receive (p2p_groups says so)
+        where.doing = "initialising the pipelines' transfer group"
+        warm_p2p_group(executor.transfer_group, device, timeout_s=config.timeout_s, what=f"{where}: the group warm-up")
     start_step = 0
     if args.resume:
         where.doing = "loading the checkpoint"
@@ -281,15 +298,23 @@ def run(args: argparse.Namespace, where: _Where) -> None:
             record.update(getattr(stats, "log", None) or {})  # the executor's optional keys (lr, ...)
             if executor.slowdown > 1.0:
                 record["emulated_slowdown"] = executor.slowdown
+            if choice.staged:  # gloo carried this rank's device tensors through host memory
+                record["transport"] = "host-staged"
             if "emulated_link_s" in stats.extra:  # seconds slept to make emulated links as slow as stated
                 record["emulated_link_s"] = stats.extra["emulated_link_s"]
+            nonfinite = getattr(stats, "nonfinite", None)  # the same on every rank: an all-reduced loss
+            if nonfinite:
+                record["loss"], record["nonfinite"] = None, nonfinite
             if log:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
+            if nonfinite and not args.skip_nonfinite:
+                break  # every rank stops here together; the launcher names the step
             if saver and args.save_every and (step + 1) % args.save_every == 0:
                 saver.save(step + 1)
-        if saver and saver.last != end_step:
-            saver.save(end_step)
+        else:
+            if saver and saver.last != end_step:
+                saver.save(end_step)
         executor.close()
     finally:
         if log:
@@ -511,11 +536,28 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--backend", default=None, choices=("gloo", "nccl"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
+        "--compute-device",
+        default=None,
+        choices=("cpu", "cuda"),
+        help="compute on this (default: the rank config's, else cuda under nccl, cpu under gloo); "
+        "cuda under gloo stages tensors through host memory",
+    )
+    parser.add_argument(
+        "--accept-device-mismatch",
+        action="store_true",
+        help="go on when a rank's GPU is not the plan's device type (default: stop with one line)",
+    )
+    parser.add_argument(
         "--blocking-allreduce",
         action="store_true",
         help="issue each all-reduce at its AR action and wait there (for benchmarks: the old behaviour)",
     )
     parser.add_argument("--status-dir", default=None, help="write rank-R.json (rank, pid) here, for a launcher")
+    parser.add_argument(
+        "--skip-nonfinite",
+        action="store_true",
+        help="go on past a step whose loss is not finite (its update is skipped on every rank); default: stop there",
+    )
     parser.add_argument("--crash-in-save", default=None, help=argparse.SUPPRESS)  # RANK:STEP, for fault tests
     return parser
 

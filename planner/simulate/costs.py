@@ -114,6 +114,7 @@ class CostModel:
     _fwd: dict = field(default_factory=dict, repr=False)
     _paths: dict = field(default_factory=dict, repr=False)
     _rings: dict = field(default_factory=dict, repr=False)
+    _step_params: dict = field(default_factory=dict, init=False, repr=False)  # (start, end, tp, divisor)
 
     def __post_init__(self) -> None:
         self._block = lru_cache(maxsize=None)(self._block_times)
@@ -274,6 +275,18 @@ class CostModel:
     ) -> float:
         """Seconds of the optimizer step for the parameters of blocks ``[start, end)`` this device
         holds at degree ``tp``; with ZeRO-1, ``holders[b]`` devices share block ``b``'s step."""
+        # one divisor for every block (no ZeRO, or a whole stage shared alike): the same sum for
+        # every device and plan asking, added once, in the same order
+        shared = holders.get(start, 1) if holders else 1
+        if not holders or all(holders.get(b, 1) == shared for b in range(start, end)):
+            key = (start, end, tp, shared)
+            params = self._step_params.get(key)
+            if params is None:
+                params = 0.0
+                for b in range(start, end):
+                    params += self.profile.blocks[b].shard(tp).params / shared
+                self._step_params[key] = params
+            return params * OPTIMIZER_STEP_BYTES[self.optimizer] / device.type.memory_bandwidth
         params = 0.0
         for b in range(start, end):
             share = self.profile.blocks[b].shard(tp).params

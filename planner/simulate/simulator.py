@@ -647,7 +647,8 @@ def _simulate(
         pipeline_of = np.asarray([p.pipeline for p in compiled.programs.values()], dtype=np.int64)
         ends = np.zeros(len(plan.pipelines))
         np.maximum.at(ends, pipeline_of[row[is_step]], end[is_step])
-        rate = sum(p.batch / t for p, t in zip(plan.pipelines, ends, strict=True) if t > 0)
+        # Python floats (tolist): a numpy scalar here reached the plan file, which YAML cannot write
+        rate = sum(p.batch / t for p, t in zip(plan.pipelines, ends.tolist(), strict=True) if t > 0)
         iteration = plan.global_batch / rate if rate > 0 else iteration
     busy_mask = is_f | is_b | is_step
     busy = _union_lengths(row[busy_mask], start[busy_mask], end[busy_mask], n_dev)

@@ -28,7 +28,9 @@ def compare_rows(
 ) -> list[dict[str, Any]]:
     """``hetplan`` (the plan re-simulated), every baseline, then each of ``others`` (name -> plan);
     ``speedup`` is a row's iteration over the plan's (above 1: the plan is faster), None where a row
-    does not fit in memory."""
+    does not fit in memory. A plan of ``others`` with another global batch is compared per sample
+    (its iteration over its batch against the plan's: iteration times of different batches say
+    nothing about which trains faster); its row says so with ``per_sample`` and ``global_batch``."""
     sim = simulate(plan, profile, cluster)
     rows: list[dict[str, Any]] = [{"name": "hetplan", "iteration_s": sim.iteration_s, "speedup": 1.0}]
 
@@ -48,6 +50,11 @@ def compare_rows(
         result = simulate(other, profile, cluster)
         fits = all(d.memory.fits for d in result.devices.values())
         add(name, result.iteration_s if fits else None)
+        if other.global_batch != plan.global_batch:
+            row = rows[-1]
+            row.update(per_sample=True, global_batch=other.global_batch)
+            if fits:
+                row["speedup"] = (result.iteration_s / other.global_batch) / (sim.iteration_s / plan.global_batch)
     return rows
 
 

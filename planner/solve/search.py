@@ -1209,9 +1209,13 @@ def plan_details(result: PlanResult, cluster: Cluster) -> dict[str, Any]:
     idle = [d.address for d in cluster.devices if d.address not in used]
     best = result.sim.iteration_s
     runners = []
+    seen: set[str] = {result.label}
     for c in sorted(result.candidates, key=lambda c: c.sim.iteration_s):
-        if c.plan.to_dict()["pipelines"] == result.plan.to_dict()["pipelines"]:
+        # the winner in another form (a replicated stage for two one-device pipelines: the same
+        # iteration) or a second candidate of a structure already listed says nothing new
+        if c.label in seen or round(c.sim.iteration_s / best - 1, 6) <= 0:
             continue
+        seen.add(c.label)
         runners.append(
             {
                 "structure": c.label,

@@ -224,7 +224,31 @@ def measurements_summary(m: Any) -> dict[str, Any]:
     }
 
 
+def pool_table(pool: Any) -> Table:
+    """The nodes a pool offers: devices per node, how many, the price per node-hour."""
+    table = Table(title=f"Pool ({pool.file})", title_justify="left")
+    for col in ("node", "devices per node", "available", "$/h per node"):
+        table.add_column(col)
+    for p in pool.nodes:
+        kinds: dict[str, int] = {}
+        for d in p.node.devices:
+            kinds[d.type.name] = kinds.get(d.type.name, 0) + 1
+        price = "-" if p.price_per_hour is None else f"${p.price_per_hour:g}"
+        table.add_row(p.name, " + ".join(f"{n} x {t}" for t, n in kinds.items()), str(p.count), price)
+    return table
+
+
+def pool_summary(pool: Any) -> dict[str, Any]:
+    return {
+        "nodes": [
+            {"name": p.name, "count": p.count, "devices": len(p.node.devices), "usd_per_hour": p.price_per_hour}
+            for p in pool.nodes
+        ]
+    }
+
+
 _TABLES = {
+    "pool": pool_table,
     "catalog": catalog_table,
     "measurements": measurements_table,
     "cluster": cluster_table,
@@ -232,6 +256,7 @@ _TABLES = {
     "runlog": runlog_table,
 }
 _SUMMARIES = {
+    "pool": pool_summary,
     "catalog": catalog_summary,
     "measurements": measurements_summary,
     "cluster": cluster_summary,

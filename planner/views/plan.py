@@ -2,7 +2,7 @@
 
 Every predicted iteration time is printed with its band (:mod:`hetplan.profile.trust`): how far the
 real time may lie from it, given where the profile's times came from, e.g.
-``1.23 s (estimated times: -21%/+39%, docs/estimates.md)``.
+``1.23 s (estimated times: x0.79 to x1.39, docs/estimates.md)``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from hetplan.contracts.plan import Plan, Stage
 from hetplan.errors import HetplanError
 from hetplan.profile.trust import Band, time_band
 from hetplan.units import format_bytes, format_time
+from hetplan.views.whatif import usd
 
-__all__ = ["compare_table", "plan_band", "plan_summary_renderables", "sync_table", "with_bands"]
+__all__ = ["compare_table", "micro_batch_runs", "plan_band", "plan_summary_renderables", "sync_table", "with_bands"]
 
 
 def plan_band(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Band:
@@ -32,7 +33,7 @@ def _band(band: dict[str, Any]) -> Band:
 
 
 def _with_band(seconds: float, band: dict[str, Any] | None) -> str:
-    """``1.23 s (estimated times: -21%/+39%, docs/estimates.md)``, or the bare time without a band."""
+    """``1.23 s (estimated times: x0.79 to x1.39, docs/estimates.md)``, or the bare time without a band."""
     if not band:
         return format_time(seconds)
     return f"{format_time(seconds)} ({_band(band).label()})"
@@ -75,7 +76,7 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile
             table.add_row(
                 str(pi) if head else "",
                 str(p.batch) if head else "",
-                " ".join(map(str, p.micro_batches)) if head else "",
+                micro_batch_runs(p.micro_batches) if head else "",
                 str(si),
                 f"[{s.start}, {s.end})" + _options(s),
                 "\n".join(names),
@@ -90,6 +91,8 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile
         line.append(f", {predicted['samples_per_s']:,.1f} samples/s, bubble {predicted['bubble_fraction']:.1%}, ")
         line.append(f"bottleneck: {predicted.get('bottleneck', '?')}", style="bold red")
         out.append(line)
+        if cluster.price_per_hour is not None:
+            out.append(Text(cost_line(predicted["iteration_s"], plan.global_batch, cluster.price_per_hour)))
     details = plan.details or {}
     if "lower_bound_s" in details:
         out.append(
@@ -107,12 +110,29 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile
         for col in ("structure", "iteration", "slower by", "their bottleneck"):
             runners.add_column(col)
         for r in details["runners_up"]:
-            runners.add_row(r["structure"], format_time(r["iteration_s"]), f"{r['slower_by']:.1%}", r["bottleneck"])
+            # Text: a label such as ``2 x [cpu-slow]`` is not rich markup (it printed as ``2 x ``)
+            runners.add_row(
+                Text(r["structure"]), format_time(r["iteration_s"]), f"{r['slower_by']:.1%}", Text(r["bottleneck"])
+            )
         out.append(runners)
     out.extend(_why_options(details))
     if plan.baselines:
         out.append(compare_table(_rows_from_file(plan, band)))
     return out
+
+
+def micro_batch_runs(sizes: tuple[int, ...] | list[int]) -> str:
+    """``16 127x32``: micro-batch sizes in order, a run of three or more equal sizes folded as
+    ``countxsize`` (a 4096-sample pipeline printed 128 numbers); shorter runs spelled out (``3 4 4``)."""
+    out: list[str] = []
+    i = 0
+    while i < len(sizes):
+        j = i
+        while j < len(sizes) and sizes[j] == sizes[i]:
+            j += 1
+        out.extend([f"{j - i}x{sizes[i]}"] if j - i >= 3 else [str(sizes[i])] * (j - i))
+        i = j
+    return " ".join(out)
 
 
 def _options(stage: Stage) -> str:
@@ -202,21 +222,54 @@ def sync_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
-def compare_table(rows: list[dict[str, Any]]) -> Table:
+def compare_table(
+    rows: list[dict[str, Any]], *, usd_per_hour: float | None = None, global_batch: int | None = None
+) -> Table:
     """One row per plan; the hetplan row's iteration time carries its band (baselines share the
-    profile, so theirs is the same or, over every type of the cluster, the envelope in the caption)."""
+    profile, so theirs is the same or, over every type of the cluster, the envelope in the caption).
+    With the cluster's ``usd_per_hour`` (every node priced), $/step and $/sample columns: every
+    plan here runs on that cluster, so it pays for all of it."""
     table = Table(title="Plan vs baselines (same inputs, same simulator)", title_justify="left")
     table.add_column("plan")
     table.add_column("iteration", justify="right")
     table.add_column("hetplan is faster by", justify="right")
+    priced = usd_per_hour is not None and global_batch is not None
+    if priced:
+        table.add_column("$/step", justify="right")
+        table.add_column("$/sample", justify="right")
+    notes: list[str] = []
     for r in rows:
+        cost = []
+        if priced:
+            step = None if r["iteration_s"] is None else usd_per_hour * r["iteration_s"] / 3600.0
+            cost = ["-", "-"] if step is None else [usd(step), usd(step / r.get("global_batch", global_batch))]
         if r["iteration_s"] is None:
-            table.add_row(r["name"], "does not fit", "-")
+            table.add_row(r["name"], "does not fit", "-", *cost)
         else:
             ours = r["name"] == "hetplan"
             shown = _with_band(r["iteration_s"], r.get("band")) if ours else format_time(r["iteration_s"])
-            table.add_row(r["name"], shown, "-" if ours else f"{r['speedup']:.2f}x")
+            speed = "-" if ours else f"{r['speedup']:.2f}x"
+            if r.get("per_sample"):
+                shown += f" (batch {r['global_batch']})"
+                speed += " per sample"
+            table.add_row(r["name"], shown, speed, *cost)
+        if r.get("per_sample"):
+            notes.append(
+                f"{r['name']} has global batch {r['global_batch']}: compared per sample (iteration / global batch)"
+            )
     others = [r.get("band") for r in rows if r["name"] != "hetplan" and r.get("band")]
     if others and others[0] != next((r.get("band") for r in rows if r["name"] == "hetplan"), None):
-        table.caption = f"baselines, over every device type of the cluster: {_band(others[0]).label()}"
+        notes.append(f"baselines, over every device type of the cluster: {_band(others[0]).label()}")
+    if notes:
+        table.caption = "\n".join(notes)
     return table
+
+
+def cost_line(iteration_s: float, global_batch: int, usd_per_hour: float) -> str:
+    """``cost: $52.32/h for the cluster: $0.0054/step, $1.1e-05/sample`` (every node is paid for,
+    idle or not; prices from the catalog or the cluster file's ``price_per_hour``)."""
+    step = usd_per_hour * iteration_s / 3600.0
+    return (
+        f"cost: {usd(usd_per_hour)}/h for the cluster: {usd(step)}/step, {usd(step / global_batch)}/sample "
+        "(catalog prices or the cluster file's price_per_hour)"
+    )

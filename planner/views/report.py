@@ -1,8 +1,13 @@
-"""Measured beside predicted: a run log held against the plan that produced it."""
+"""Measured beside predicted: a run log held against the plan that produced it.
+
+:func:`median_iteration` is also what ``hetplan launch`` prints at the end of a run, so that the
+launch summary and ``hetplan report`` give one median for one run.
+"""
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from typing import Any
 
 from rich.table import Table
@@ -12,11 +17,32 @@ from hetplan.contracts.plan import Plan
 from hetplan.contracts.runlog import StepRecord
 from hetplan.units import format_bytes, format_time
 
-__all__ = ["report_renderables", "report_rows"]
+__all__ = ["WARMUP_STEPS", "median_iteration", "report_renderables", "report_rows"]
+
+#: Steps left out of a median as warm-up (the first step fills caches and allocators, and on a CPU
+#: run it is also the one whose memory the ranks do not measure), unless no other step remains.
+WARMUP_STEPS = 1
+
+
+def median_iteration(steps_and_times: Iterable[tuple[int, float]], *, skip_steps: int = WARMUP_STEPS) -> float | None:
+    """The median over steps of the slowest rank's iteration (a step lasts as long as that), from
+    ``(step, iteration_s)`` of every rank's record; the first ``skip_steps`` steps are left out as
+    warm-up unless that would leave none. None for no records.
+
+    The median of an even count is the mean of the middle two (``statistics.median``).
+    """
+    slowest: dict[int, float] = {}
+    for step, seconds in steps_and_times:
+        slowest[step] = max(slowest.get(step, 0.0), seconds)
+    if not slowest:
+        return None
+    steps = sorted(slowest)
+    first = steps[min(skip_steps, len(steps) - 1)]
+    return statistics.median(t for s, t in slowest.items() if s >= first)
 
 
 def report_rows(
-    records: list[StepRecord], plan: Plan, *, skip_steps: int = 1, emulated_plan: bool = False
+    records: list[StepRecord], plan: Plan, *, skip_steps: int = WARMUP_STEPS, emulated_plan: bool = False
 ) -> dict[str, Any]:
     """Per stage and in total: measured (median over steps after the warm-up ones) vs predicted."""
     steps = sorted({r.step for r in records})
@@ -43,10 +69,7 @@ def report_rows(
                 "error": (measured / want - 1) if measured and want else None,
             }
         )
-    iteration_by_step: dict[int, float] = {}
-    for r in kept:
-        iteration_by_step[r.step] = max(iteration_by_step.get(r.step, 0.0), r.iteration_s)
-    measured_iter = statistics.median(iteration_by_step.values()) if iteration_by_step else None
+    measured_iter = median_iteration(((r.step, r.iteration_s) for r in records), skip_steps=skip_steps)
     want_iter = predicted.get("iteration_s")
     losses = [r.loss for r in records if r.loss is not None and r.rank == 0]
     return {
@@ -56,6 +79,7 @@ def report_rows(
         "measured_iteration_s": measured_iter,
         "predicted_iteration_s": want_iter,
         "iteration_error": (measured_iter / want_iter - 1) if measured_iter and want_iter else None,
+        "nonfinite_steps": sorted({r.step for r in records if r.nonfinite}),
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "emulated": any(r.emulated_slowdown for r in records),
@@ -140,4 +164,7 @@ def report_renderables(rows: dict[str, Any]) -> list[Any]:
         out.append(memory)
     if rows["first_loss"] is not None:
         out.append(Text(f"loss {rows['first_loss']:.4f} -> {rows['last_loss']:.4f} over {rows['steps']} steps"))
+    if rows.get("nonfinite_steps"):
+        bad = rows["nonfinite_steps"]
+        out.append(Text(f"{len(bad)} step(s) with a non-finite loss or gradient, not applied: {bad}", style="yellow"))
     return out

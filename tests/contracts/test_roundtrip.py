@@ -152,6 +152,7 @@ EXAMPLE_NAMES = {
     "hetplan/cluster/v1": "cluster.yaml",
     "hetplan/model-profile/v1": "gpt.profile.yaml",
     "hetplan/plan/v1": "plan.yaml",
+    "hetplan/pool/v1": "pool.yaml",
 }
 
 

@@ -3,7 +3,9 @@ plan says; the exported plan validates and simulates; what a runtime cannot expr
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
@@ -20,10 +22,9 @@ from hetplan.contracts.plan import Plan, load_plan, load_plan_inputs
 from hetplan.export import deepspeed, megatron, torchtitan
 from hetplan.export.compare import export_rows
 from hetplan.export.launch import TORCHRUN_FLAGS
+from hetplan.export.megatron_args import MEGATRON_ARGUMENTS
 from hetplan.export.partition import deepspeed_parameters, deepspeed_uniform
 from hetplan.simulate import simulate
-
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+: the reader torchtitan itself uses
 
 RUNTIMES = ("deepspeed", "megatron", "torchtitan")
 
@@ -55,23 +56,35 @@ def _flags(tokens: list[str], stop: Callable[[str], bool]) -> dict[str, str]:
     return flags
 
 
-def _torchrun_ranks(launch: str) -> list[str]:
-    """Device addresses in rank order from a launch.sh of torchrun lines (checking their flags)."""
+def _node_scripts(folder: Path) -> list[str]:
+    """The export's launch scripts (one a node), each checked for the environment every export sets."""
+    scripts = [p.read_text() for p in sorted(folder.glob("node-*.sh"))]
+    assert scripts and not (folder / "launch.sh").exists()
+    for text in scripts:
+        assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in text.splitlines()
+        assert sum("torchrun" in line and not line.startswith("#") for line in text.splitlines()) == 1
+    return scripts
+
+
+def _torchrun_ranks(scripts: list[str]) -> list[str]:
+    """Device addresses in rank order from the node scripts' torchrun lines (checking their flags)."""
     ranks: list[tuple[int, list[str]]] = []
-    node = ""
-    for line in launch.splitlines():
-        if line.startswith("# on "):
-            node = line[len("# on ") :].split(":")[0]
-        if "torchrun" not in line:
-            continue
-        tokens = shlex.split(line)
-        env, at = tokens[0], tokens.index("torchrun")
-        assert env.startswith("CUDA_VISIBLE_DEVICES=")
-        flags = _flags(tokens[at + 1 :], lambda t: not t.startswith("-") or t == "-m")
-        assert set(flags) <= TORCHRUN_FLAGS, flags
-        indices = env.split("=")[1].split(",")
-        assert int(flags["--nproc-per-node"]) == len(indices)
-        ranks.append((int(flags["--node-rank"]), [f"{node}/{i}" for i in indices]))
+    for text in scripts:
+        node = ""
+        for line in text.splitlines():
+            if line.startswith("# on "):
+                node = line[len("# on ") :].split(":")[0]
+            if "torchrun" not in line or line.startswith("#"):
+                continue
+            tokens = shlex.split(line)
+            env, at = tokens[0], tokens.index("torchrun")
+            assert env.startswith("CUDA_VISIBLE_DEVICES=")
+            flags = _flags(tokens[at + 1 :], lambda t: not t.startswith("-") or t == "-m")
+            assert set(flags) <= TORCHRUN_FLAGS, flags
+            indices = env.split("=")[1].split(",")
+            assert int(flags["--nproc-per-node"]) == len(indices)
+            assert int(flags["--nnodes"]) == len(scripts)
+            ranks.append((int(flags["--node-rank"]), [f"{node}/{i}" for i in indices]))
     assert sorted(r for r, _ in ranks) == list(range(len(ranks)))
     return [a for _, devices in sorted(ranks) for a in devices]
 
@@ -92,18 +105,7 @@ def check_deepspeed(folder: Path, exported: Plan) -> None:
     module = json.loads((folder / "pipeline.json").read_text())
     assert set(module["PipelineModule"]) <= deepspeed.PIPELINE_MODULE_ARGS
     assert set(module["PipeDataParallelTopology"]) <= deepspeed.TOPOLOGY_ARGS
-    line = next(x for x in (folder / "launch.sh").read_text().splitlines() if x.startswith("deepspeed "))
-    flags = _flags(shlex.split(line)[1:], lambda t: not t.startswith("--"))
-    assert set(flags) <= deepspeed.LAUNCHER_FLAGS
-    ranks = [
-        f"{node}/{i}"
-        for part in flags["--include"].split("@")
-        for node, ids in [part.split(":")]
-        for i in ids.split(",")
-    ]
-    assert [x.split()[0] for x in (folder / "hostfile").read_text().splitlines()] == list(
-        dict.fromkeys(r.split("/")[0] for r in ranks)
-    )
+    ranks = _torchrun_ranks(_node_scripts(folder))
     stages = module["PipelineModule"]["num_stages"]
     replicas = len(ranks) // stages
     assert module["PipeDataParallelTopology"] == {"num_pp": stages, "num_dp": replicas}
@@ -121,46 +123,73 @@ def check_deepspeed(folder: Path, exported: Plan) -> None:
     assert all(len(p.micro_batches) == steps for p in exported.pipelines)
     dtype_keys = {"fp16", "bf16"} & set(config)
     assert dtype_keys == ({exported.dtype} & {"fp16", "bf16"} if exported.dtype else set())
+    # the plan's optimizer, nothing of DeepSpeed's defaults: Adam without decay, no clipping
+    assert config["gradient_clipping"] == 0.0 and config["zero_optimization"]["stage"] == exported.zero
+    optimizer = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD", "momentum": "SGD"}[exported.optimizer]
+    assert config["optimizer"]["type"] == optimizer
+    if exported.optimizer == "adam":
+        assert config["optimizer"]["params"]["adam_w_mode"] is False
+        assert config["optimizer"]["params"]["weight_decay"] == 0.0
 
 
 def check_megatron(folder: Path, exported: Plan) -> None:
     pairs = megatron.parse_arguments((folder / "megatron-args.txt").read_text())
     args = dict(pairs)
     assert len(args) == len(pairs)  # no argument twice
-    for flag, value in pairs:
-        assert flag in megatron.ARGUMENTS and megatron.ARGUMENTS[flag] == (value is not None), flag
-    ranks = _torchrun_ranks((folder / "launch.sh").read_text())
-    pp, layers = int(args["--pipeline-model-parallel-size"]), int(args["--num-layers"])
+    for flag, value in pairs:  # as Megatron's parser would read it
+        arg = MEGATRON_ARGUMENTS[flag]
+        assert (arg.type is None) == (value is None), flag
+        if arg.type is not None:
+            arg.type(value)
+            assert not arg.choices or value in arg.choices, flag
+    scripts = _node_scripts(folder)
+    ranks = _torchrun_ranks(scripts)
+    pp, layers, tp = int(args["--pipeline-model-parallel-size"]), int(args["--num-layers"]), 1
     assert args["--tensor-model-parallel-size"] == "1" and len(ranks) % pp == 0
-    replicas, micro = len(ranks) // pp, int(args["--micro-batch-size"])
+    assert all("CUDA_DEVICE_MAX_CONNECTIONS" not in text for text in scripts)  # only with TP > 1
+    replicas, micro = len(ranks) // (pp * tp), int(args["--micro-batch-size"])
     assert int(args["--global-batch-size"]) == exported.global_batch
     assert exported.global_batch % (micro * replicas) == 0
-    first = args.get("--decoder-first-pipeline-num-layers")
-    last = args.get("--decoder-last-pipeline-num-layers")
-    if first is None:  # Megatron's even split
-        assert last is None and layers % pp == 0
-        counts = [layers // pp] * pp
-    elif pp == 2:
-        assert last is None
-        counts = [int(first), layers - int(first)]
-    else:  # the rest split evenly over the middle stages
-        rest = layers - int(first) - int(last)
-        assert rest % (pp - 2) == 0 and rest > 0
-        counts = [int(first)] + [rest // (pp - 2)] * (pp - 2) + [int(last)]
-    cuts = [0] + [LAYER_STARTS[sum(counts[:s])] for s in range(1, pp)] + [N_BLOCKS]
+    assert "--decoder-first-pipeline-num-layers" not in args and "--decoder-last-pipeline-num-layers" not in args
+    # every optimizer setting explicit: Megatron's defaults (decay 0.01, clipping 1.0) left out would change it
+    assert args["--clip-grad"] == "0.0" and "--weight-decay" in args and "--optimizer" in args
+    if pp == 1:
+        cuts = [0, N_BLOCKS]
+        assert "--pipeline-model-parallel-layout" not in args
+    else:
+        stages = megatron.parse_layout(args["--pipeline-model-parallel-layout"])
+        assert len(stages) == pp and stages[0][0] and stages[-1][2]
+        assert sum(n for _, n, _ in stages) == layers
+        counts = [n for _, n, _ in stages]
+        ends = [sum(counts[: s + 1]) for s in range(pp - 1)]
+        cuts = [0] + [LAYER_STARTS[e] if e < len(LAYER_STARTS) else N_BLOCKS - 1 for e in ends] + [N_BLOCKS]
     _check_grid(exported, ranks, pp, cuts, micro)
     assert all(len(p.micro_batches) == exported.global_batch // (micro * replicas) for p in exported.pipelines)
 
 
+def titan_settings(folder: Path) -> dict[str, Any]:
+    """``SETTINGS`` of the written config module, read without importing torchtitan."""
+    text = (folder / f"{torchtitan.CONFIG_MODULE}.py").read_text()
+    tree = ast.parse(text)
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "SETTINGS")
+    return ast.literal_eval(ast.unparse(node.value).replace("float('inf')", "1e999"))
+
+
 def check_torchtitan(folder: Path, exported: Plan) -> None:
-    config = tomllib.loads((folder / "torchtitan.toml").read_text())
+    config = titan_settings(folder)
     assert _undocumented(config, torchtitan.JOB_CONFIG_KEYS) == []
-    ranks = _torchrun_ranks((folder / "launch.sh").read_text())
+    ranks = _torchrun_ranks(_node_scripts(folder))
     par, training = config["parallelism"], config["training"]
     pp, dp = par["pipeline_parallel_degree"], par["data_parallel_replicate_degree"]
     assert pp * dp * par["data_parallel_shard_degree"] * par["tensor_parallel_degree"] == len(ranks)
     assert training["local_batch_size"] * dp == training["global_batch_size"] == exported.global_batch
-    starts = [LAYER_STARTS[int(p.split(".")[1])] for p in par.get("pipeline_parallel_split_points", [])]
+    assert training["max_norm"] == float("inf")
+    parts = par.get("module_fqns_per_model_part", [])
+    layer_of = [[int(m.split(".")[1]) for m in part if m.startswith("layers.")] for part in parts]
+    starts = [LAYER_STARTS[layers[0]] if layers else N_BLOCKS - 1 for layers in layer_of[1:]]
+    if parts:
+        assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
+        assert [k for layers in layer_of for k in layers] == list(range(len(LAYER_STARTS)))
     micro = par.get("pipeline_parallel_microbatch_size", training["local_batch_size"])
     assert training["local_batch_size"] % micro == 0
     _check_grid(exported, ranks, pp, [0, *starts, N_BLOCKS], micro)
@@ -190,9 +219,8 @@ def test_each_export_parses_uses_documented_keys_and_reports_what_it_dropped(
         assert "optimizer sgd: torchtitan has no such optimizer; it runs adam" in dropped
     if runtime != "torchtitan" and "gpipe" in scenario:
         assert any(x.startswith("schedule gpipe: ") for x in dropped)
-    if scenario == "three_stages_gpipe_sgd":  # torchrun orders a node's devices; DeepSpeed's launcher cannot
-        placement = [x for x in dropped if x.startswith("device placement")]
-        assert len(placement) == (runtime == "deepspeed"), placement
+    if scenario == "three_stages_gpipe_sgd":  # torchrun orders a node's devices as the plan placed them
+        assert not [x for x in dropped if x.startswith("device placement")]
     # the exported plan is a plan file like any other: it validates against its inputs and simulates
     assert run(["validate", str(folder / "exported-plan.yaml")], capsys)[0] == 0
     code, out, _ = run(["simulate", str(folder / "exported-plan.yaml"), "--json"], capsys)
@@ -234,15 +262,22 @@ def test_a_plan_the_runtime_can_say_is_exported_unchanged(
     assert exported.predicted["iteration_s"] == pytest.approx(simulate(original, profile, cluster).iteration_s)
 
 
-def test_megatron_says_uneven_first_and_last_stages(write_plan, capsys: pytest.CaptureFixture[str]) -> None:
+def test_megatron_says_the_exact_cut_with_its_layout_flag(write_plan, capsys: pytest.CaptureFixture[str]) -> None:
     plan_file = write_plan("three", **SCENARIOS["three_stages_gpipe_sgd"])
     folder = plan_file.parent / "m"
     assert run(["export", "megatron", str(plan_file), "-o", str(folder)], capsys)[0] == 0
     args = dict(megatron.parse_arguments((folder / "megatron-args.txt").read_text()))
     # hetplan cut [0, 3, 9, 14]: embedding + 1 layer, 3 layers, 2 layers + head
-    assert args["--decoder-first-pipeline-num-layers"] == "1" and args["--decoder-last-pipeline-num-layers"] == "2"
-    assert all(s.start for p in load_plan(folder / "exported-plan.yaml").pipelines for s in p.stages[1:])
+    assert args["--pipeline-model-parallel-layout"] == "Et|t*3|t*2L"
     assert [s.start for s in load_plan(folder / "exported-plan.yaml").pipelines[0].stages] == [0, 3, 9]
+    # a stage of the embedding alone and one of the output alone are layouts too
+    odd = write_plan(
+        "odd", pipelines=[pipeline(16, [4] * 4, stage(0, 1, "n0/0"), stage(1, 13, "n0/1"), stage(13, 14, "n1/0"))]
+    )
+    assert run(["export", "megatron", str(odd), "-o", str(folder / "odd")], capsys)[0] == 0
+    args = dict(megatron.parse_arguments((folder / "odd" / "megatron-args.txt").read_text()))
+    assert args["--pipeline-model-parallel-layout"] == "E|t*6|L"
+    assert megatron.parse_layout("E|t*6|L") == [(True, 0, False), (False, 6, False), (False, 0, True)]
 
 
 def test_exports_are_deterministic(write_plan, capsys: pytest.CaptureFixture[str]) -> None:
@@ -316,3 +351,51 @@ def test_megatron_and_torchtitan_refuse_a_model_without_transformer_layers(
         assert err.startswith(f"error: {inputs / 'mlp.yaml'}: blocks: {title} trains transformers")
     code, out, err = run(["export", "deepspeed", str(plan_file), "-o", str(inputs / "ds")], capsys)
     assert (code, err) == (0, "") and "dropped: " in out  # DeepSpeed pipelines any list of layers
+
+
+def test_an_export_that_does_not_fit_is_refused_in_one_line_or_written_anyway(
+    inputs: Path, write_plan, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the V100s keep 0.1 GiB free: no stage of any export fits there
+    (inputs / "cluster.yaml").write_text((inputs / "cluster.yaml").read_text() + "reserve: {V100-16GB: 15.9GiB}\n")
+    plan_file = write_plan("p", **SCENARIOS["cut_differently"])
+    folder = inputs / "ds"
+    code, out, err = run(["export", "deepspeed", str(plan_file), "-o", str(folder)], capsys)
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert err.startswith(f"error: {plan_file}: memory: the DeepSpeed export does not fit: rank 2 (n1/0, V100-16GB, ")
+    assert re.search(r"stage 1\) needs [\d.]+ GiB of 16\.0 GiB \(and 1 more rank\(s\)\); nothing written", err)
+    assert not folder.exists()
+    code, out, err = run(["export", "deepspeed", str(plan_file), "-o", str(folder), "--write-anyway"], capsys)
+    assert (code, err) == (0, "") and (folder / "exported-plan.yaml").exists()
+    notes = [x for x in out.splitlines() if x.startswith("note: the exported plan does not fit: rank ")]
+    assert [x.split(" (")[0] for x in notes] == [
+        "note: the exported plan does not fit: rank 2",
+        "note: the exported plan does not fit: rank 3",
+    ]
+
+
+def test_a_stage_split_over_devices_exports_the_micro_batch_each_device_ran(
+    write_plan, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # every stage splits each micro-batch of 4 over two devices: each device ran micro-batches of 2
+    plan_file = write_plan(
+        "split",
+        pipelines=[pipeline(16, [4, 4, 4, 4], stage(0, 7, "n0/0", "n0/1"), stage(7, 14, "n1/0", "n1/1"))],
+    )
+    for runtime in RUNTIMES:
+        folder = plan_file.parent / runtime
+        assert run(["export", runtime, str(plan_file), "-o", str(folder)], capsys)[0] == 0
+        exported = load_plan(folder / "exported-plan.yaml")
+        assert len(exported.pipelines) == 2
+        assert all(p.micro_batches == (2, 2, 2, 2) for p in exported.pipelines), runtime
+
+
+def test_compare_with_shows_an_export_by_its_runtime(write_plan, capsys: pytest.CaptureFixture[str]) -> None:
+    plan_file = write_plan("p", **SCENARIOS["unequal_shares"])
+    folder = plan_file.parent / "mega"
+    assert run(["export", "megatron", str(plan_file), "-o", str(folder)], capsys)[0] == 0
+    code, out, _ = run(["compare", str(plan_file), "--with", str(folder / "exported-plan.yaml"), "--json"], capsys)
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)}
+    exported = load_plan(folder / "exported-plan.yaml")
+    assert rows["megatron export (mega)"]["iteration_s"] == pytest.approx(exported.predicted["iteration_s"])

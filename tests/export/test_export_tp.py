@@ -66,6 +66,15 @@ def test_megatron_exports_one_tp_degree_recompute_and_zero(inputs: Path, write_p
     args = files["megatron-args.txt"]
     for line in ("--tensor-model-parallel-size 2", "--recompute-granularity full", "--use-distributed-optimizer"):
         assert line in args
+    # Megatron's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1: every node script sets it
+    scripts = [text for name, text in files.items() if name.startswith("node-")]
+    assert len(scripts) == 2 and all("export CUDA_DEVICE_MAX_CONNECTIONS=1\n" in text for text in scripts)
+    # DeepSpeed keeps the ZeRO-1 and the recomputation (no TP: one device per stage replica)
+    d = uniform_structure(plan, profile, cluster, deepspeed.RUNTIME)
+    assert (d.tensor_parallel, d.recompute, d.zero) == (1, "full", 1)
+    ds_files = deepspeed.RUNTIME.render(d, plan, profile, cluster)
+    assert '"stage": 1' in ds_files["ds_config.json"]
+    assert '"activation_checkpoint_interval": 1' in ds_files["pipeline.json"]
     again = u.plan(plan)
     assert [s.tensor_parallel for s in again.pipelines[0].stages] == [2, 2]
     simulate(again, profile, cluster)  # the exported structure is a plan the simulator runs
@@ -93,4 +102,9 @@ def test_mixed_degrees_and_deepspeed_say_what_they_drop(inputs: Path, write_plan
     )
     d = uniform_structure(plan, profile, cluster, deepspeed.RUNTIME)
     assert any(line.startswith("tensor parallelism (TP 1/2)") for line in d.dropped)
-    assert any(line.startswith("recomputation (none/selective)") for line in d.dropped)
+    # DeepSpeed checkpoints whole layers: the most used mode (selective, on a tie) becomes full
+    assert (
+        "recomputation per stage (none on 2 devices, selective on 2 devices): every DeepSpeed stage recomputes full"
+        in (d.dropped)
+    )
+    assert d.recompute == "full"

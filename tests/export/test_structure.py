@@ -46,15 +46,15 @@ def test_the_slowest_devices_are_left_idle_and_replicas_divide_the_batch(write_p
     assert any(line.startswith("2 device(s) left idle") and "3 replicas would not divide" in line for line in u.dropped)
 
 
-def test_torchrun_keeps_the_plans_placement_and_deepspeed_numbers_by_index(write_plan) -> None:
+def test_torchrun_keeps_the_plans_placement_for_every_runtime(write_plan) -> None:
     plan, profile, cluster = _load(write_plan, "p", **SCENARIOS["three_stages_gpipe_sgd"])
-    titan = uniform_structure(plan, profile, cluster, torchtitan.RUNTIME)
-    # the same devices on the same stages as in the plan (torchrun lists a node's devices in any order)
-    for s in range(3):
-        assert {titan.device(s, r) for r in range(2)} == {p.stages[s].devices[0] for p in plan.pipelines}
-    ds = uniform_structure(plan, profile, cluster, deepspeed.RUNTIME)
-    assert list(ds.ranks) == ["n0/0", "n0/1", "n0/2", "n1/0", "n1/1", "n1/2"]
-    assert [n for n, _ in ds.nodes()] == ["n0", "n1"]
+    # every export starts its ranks with torchrun, one script a node, which lists a node's devices in
+    # any order: the same devices on the same stages as in the plan
+    for runtime in (torchtitan.RUNTIME, deepspeed.RUNTIME):
+        u = uniform_structure(plan, profile, cluster, runtime)
+        for s in range(3):
+            assert {u.device(s, r) for r in range(2)} == {p.stages[s].devices[0] for p in plan.pipelines}
+        assert [n for n, _ in u.nodes()] == ["n0", "n1"]
 
 
 def test_more_stages_than_the_runtime_can_cut_are_capped(inputs, write_plan) -> None:
@@ -73,13 +73,23 @@ def test_more_stages_than_the_runtime_can_cut_are_capped(inputs, write_plan) -> 
         write_plan,
         "deep",
         profile="gpt2.yaml",
-        pipelines=[pipeline(8, [4, 4], stage(0, 2, "n0/0"), stage(2, 4, "n0/1"), stage(4, 6, "n1/0"))],
+        pipelines=[
+            pipeline(
+                8,
+                [4, 4],
+                stage(0, 1, "n0/0"),
+                stage(1, 2, "n0/1"),
+                stage(2, 3, "n0/2"),
+                stage(3, 4, "n1/0"),
+                stage(4, 6, "n1/1"),
+            )
+        ],
     )
-    u = uniform_structure(plan, profile, cluster, megatron.RUNTIME)  # Megatron: a stage is whole layers
-    assert u.stages == 2 and u.cuts == (0, 3, 6)
-    assert u.dropped[0] == (
-        "stage counts (pipeline 0: 3): every Megatron-LM pipeline has 2 (at most 2: Megatron-LM cannot cut this "
-        "model finer)"
-    )
-    titan = uniform_structure(plan, profile, cluster, torchtitan.RUNTIME)  # the embedding may be a stage alone
-    assert titan.stages == 3 and titan.cuts == (0, 1, 3, 6)
+    # a stage is whole layers; the embedding and the output may each be a stage alone: at most 4 stages
+    for runtime in (megatron.RUNTIME, torchtitan.RUNTIME):
+        u = uniform_structure(plan, profile, cluster, runtime)
+        assert u.stages == 4 and u.cuts == (0, 1, 3, 5, 6)
+        assert u.dropped[0] == (
+            f"stage counts (pipeline 0: 5): every {runtime.title} pipeline has 4 (at most 4: {runtime.title} cannot "
+            "cut this model finer)"
+        )

@@ -58,3 +58,71 @@ def returns_tuple() -> nn.Sequential:
 
 def do_not_chain() -> nn.Sequential:
     return nn.Sequential(nn.Linear(8, 16), nn.Linear(8, 2))
+
+
+def shared_tokens(vocab: int = 11, width: int = 8, seq: int = 5):
+    """Token ids in (int64), a user loss (mean cross-entropy), and one Linear used by two blocks
+    (``first`` and ``again``): a ModelSpec with a shared layer."""
+    import torch.nn.functional as F  # noqa: N812
+
+    from hetplan.models.spec import ModelSpec
+
+    shared = nn.Linear(width, width)
+    blocks = nn.Sequential(
+        OrderedDict(
+            embed=nn.Embedding(vocab, width),
+            first=nn.Sequential(shared, nn.Tanh()),
+            middle=nn.Sequential(nn.Linear(width, width), nn.Tanh()),
+            again=nn.Sequential(shared, nn.Tanh()),
+            out=nn.Linear(width, vocab),
+        )
+    )
+
+    def sample(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.randint(0, vocab, (seq,), generator=g)
+        return ids, (ids * 3 + 1) % vocab
+
+    def loss(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(y.flatten(0, 1), t.flatten())
+
+    return ModelSpec(blocks, loss=loss, reduction="mean", sample=sample)
+
+
+def shared_four(width: int = 16) -> nn.Sequential:
+    """The issue's four-block model whose first and third blocks share one layer."""
+    shared = nn.Linear(width, width)
+    return nn.Sequential(shared, nn.Tanh(), shared, nn.Linear(width, 4))
+
+
+def spec_tuple_loss():
+    from hetplan.models.spec import ModelSpec
+
+    return ModelSpec(
+        [nn.Linear(4, 2)],
+        loss=lambda y, t: (y - t).pow(2),
+        sample=lambda g: (torch.randn(4, generator=g), torch.zeros(2)),
+    )
+
+
+def spec_loss_without_sample():
+    from hetplan.models.spec import ModelSpec
+
+    return ModelSpec([nn.Linear(4, 2)], loss=lambda y, t: y.sum())
+
+
+def spec_bad_reduction():
+    from hetplan.models.spec import ModelSpec
+
+    return ModelSpec(
+        [nn.Linear(4, 2)], loss=lambda y, t: y.sum(), reduction="avg", sample=lambda g: (torch.randn(4), torch.zeros(2))
+    )
+
+
+def spec_tuple_block():
+    from hetplan.models.spec import ModelSpec
+
+    return ModelSpec(
+        [nn.Linear(4, 4), TwoOutputs(), nn.Linear(4, 2)],
+        loss=lambda y, t: y.sum(),
+        sample=lambda g: (torch.randn(4, generator=g), torch.zeros(2)),
+    )

@@ -16,6 +16,7 @@ from hetplan.profile.analytic import analytic_profile
 from hetplan.profile.carry import carry_times
 from hetplan.profile.trust import (
     CARRIED,
+    CPU_CARRIED,
     ESTIMATED,
     ESTIMATED_UNVALIDATED,
     IMPORTED,
@@ -41,7 +42,7 @@ def test_an_estimate_on_validated_types_and_math_gets_the_validation_band() -> N
     band = time_band(profile, [A100, V100])
     assert (band.low, band.high) == ESTIMATED
     assert band.sources == ("estimated",)
-    assert band.label() == "estimated times: -21%/+39%, docs/estimates.md"
+    assert band.label() == "estimated times: x0.79 to x1.39, docs/estimates.md"
 
 
 def test_unvalidated_types_or_fp16_math_get_the_full_range_seen() -> None:
@@ -57,9 +58,34 @@ def test_unvalidated_types_or_fp16_math_get_the_full_range_seen() -> None:
 def test_measured_times_get_their_spread() -> None:
     spread = profile_with({A100.name: {1: Timing(1.0, 2.0, "measured", 0.03), 4: Timing(3.0, 6.0, "measured", 0.07)}})
     band = time_band(spread, [A100])
-    assert (band.low, band.high) == (-0.07, 0.07)
+    assert (band.low, band.high) == (pytest.approx(1 / 1.07 - 1), 0.07)
     bare = profile_with({A100.name: {1: Timing(1.0, 2.0, "measured")}})
     assert time_band(bare, [A100]).high == MEASURED_DEFAULT
+
+
+def test_a_large_measured_spread_reads_as_ratios_never_below_minus_100_percent() -> None:
+    """Issue 24: a spread of 159% read '-159%/+159%' (a time cannot be 159% lower)."""
+    wide = profile_with({A100.name: {1: Timing(1.0, 2.0, "measured", 1.59)}})
+    band = time_band(wide, [A100])
+    assert band.low > -1.0 and band.high == 1.59
+    assert band.interval(1.0) == (pytest.approx(1 / 2.59), pytest.approx(2.59))
+    assert band.label() == "measured times: x0.39 to x2.59, docs/estimates.md"
+    assert "%" not in band.label()
+    huge = profile_with({A100.name: {1: Timing(1.0, 2.0, "measured", 13.31)}})
+    assert time_band(huge, [A100]).label() == "measured times: x0.07 to x14, docs/estimates.md"
+
+
+def test_cpu_measured_times_carried_to_a_gpu_get_an_order_of_magnitude() -> None:
+    """Issue 24: CPU times carried to GPUs got the GPU-to-GPU band (-23%/+56%); docs/profiling.md
+    calls such estimates an order of magnitude at best."""
+    cpu = CATALOG.get("cpu")
+    measured = profile_with({cpu.name: {1: Timing(1.0, 2.0, "measured", 0.02)}}, backend="cpu")
+    carried = carry_times(measured, cpu.name, [A100], catalog=CATALOG)
+    band = time_band(carried, [A100])
+    assert (band.low, band.high) == CPU_CARRIED
+    assert band.label() == "estimated times: x0.10 to x10, docs/estimates.md"
+    # the CPU rank itself keeps its measured spread
+    assert time_band(carried, [cpu]).high == 0.02
 
 
 def test_imported_and_mixed_sources_take_the_envelope() -> None:

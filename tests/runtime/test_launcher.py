@@ -165,3 +165,35 @@ def test_checkpoint_options_without_a_folder_are_refused(tmp_path) -> None:
         launch_local(path, steps=1, save_every=2)
     with pytest.raises(HetplanError, match=r"--resume-step: needs a checkpoint folder"):
         launch_local(path, steps=1, resume_step=2)
+
+
+def test_a_gloo_error_reaches_the_message_whole() -> None:
+    """gloo's text as torch 2.13 raises it (a peer that crashed, a receive that timed out): it used to
+    be cut at 120 characters ("... Check the logs of the (rank logs: ...")."""
+    from hetplan.runtime.comm import RankFailureError, wait
+
+    class Failing:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def wait(self, timeout) -> None:
+            raise RuntimeError(self.text)
+
+    crashed = (
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:53452. This is typically caused by a remote worker crashing. Check the logs of the remote "
+        "worker before reporting an error. GLHF! \U0001f3d6\ufe0f"
+    )
+    timed_out = (
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+        "2000ms for recv operation to complete"
+    )
+    what = "rank 0 (n0/0) step 12: waiting on RA3<n0/1 (the activation of micro-batch 3 from n0/1)"
+    with pytest.raises(RankFailureError) as info:
+        wait(Failing(crashed), timeout_s=1.0, what=what)
+    assert str(info.value) == (
+        f"{what}: Connection closed by peer [127.0.0.1]:53452. This is typically caused by a remote worker crashing."
+    )
+    with pytest.raises(RankFailureError) as info:
+        wait(Failing(timed_out), timeout_s=1.0, what=what)
+    assert str(info.value) == f"{what}: Timed out waiting 2000ms for recv operation to complete"

@@ -520,3 +520,136 @@ def test_fp16_clipping_unscales_first_and_matches_an_fp16_single_process_run(tmp
     assert [r["grad_norm"] for r in rank0] == pytest.approx([h["grad_norm"] for h in history], rel=1e-3)
     assert all(r["clipped"] and r["skipped_step"] is False for r in rank0)
     assert all(h["grad_norm"] < 100 for h in history)
+
+
+# -- a user's own spec (int64 ids, its loss, a layer two stages share) and a ResNet on user images ------
+IMAGE_MODULE = """
+import torch
+from torch.utils.data import Dataset
+
+
+class Images(Dataset):
+    def __init__(self, size, side, classes):
+        self.size, self.side, self.classes = size, side, classes
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(1000 + i)
+        image = torch.randn(3, self.side, self.side, generator=g)
+        return image, int(image.mean() > 0) + 2 * int(image[0].mean() > 0)
+
+
+def build(size=16, side=64, classes=4):
+    return Images(size, side, classes)
+"""
+
+
+def _launch_model(folder: Path, model: dict, pipelines: list[Pipeline], devices: int, *, steps: int, **kw):
+    """Run ``model`` under the plan of ``pipelines`` (SGD) here; the rank config's kw as build_rank_config's."""
+    profile = _profile(model)
+    plan = _plan(pipelines)
+    config = build_rank_config(
+        plan, profile, make_cluster([("n0", [("cpu", devices)])]), seed=SEED, backend="gloo", timeout_s=60, **kw
+    )
+    write_yaml(config, folder / "rank-config.yaml")
+    return launch_local(folder / "rank-config.yaml", steps=steps, save=folder / "ckpt"), config
+
+
+def _sgd_loop(blocks, batches, loss, lr: float, steps: int) -> list[float]:
+    """Plain PyTorch: the blocks as one nn.Sequential, torch's SGD (a shared parameter once),
+    ``batches(step)`` -> a list of (inputs, targets) shares whose summed losses make the step's."""
+    model = torch.nn.Sequential(*blocks)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for step in range(steps):
+        optimizer.zero_grad()
+        total = sum(loss(model(x), y) for x, y in batches(step))
+        total.backward()
+        optimizer.step()
+        losses.append(float(total.detach()))
+    return losses
+
+
+@pytest.fixture
+def user_models_path(monkeypatch) -> None:
+    """tests/models (user_models.py) importable here and by the ranks."""
+    models = str(Path(__file__).resolve().parents[1] / "models")
+    monkeypatch.syspath_prepend(models)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [models, os.environ.get("PYTHONPATH")])))
+
+
+@pytest.mark.parametrize("two_by_two", [False, True], ids=["2stages", "2x2"])
+@pytest.mark.usefixtures("user_models_path")
+def test_a_layer_shared_between_stages_equals_one_process(tmp_path, two_by_two: bool) -> None:
+    # blocks embed, first, middle, again, out: 'first' and 'again' share one Linear, on two stages
+    model = {"factory": "user_models:shared_tokens", "config": {}}
+    zoo = resolve_model(model)
+    assert zoo.tied_parameters()
+    if two_by_two:
+        pipelines = [
+            Pipeline(3, (1, 2), (_stage(0, 3, "n0/0"), _stage(3, 5, "n0/1"))),
+            Pipeline(3, (3,), (_stage(0, 2, "n0/2"), _stage(2, 5, "n0/3"))),
+        ]
+    else:
+        pipelines = [Pipeline(6, (2, 4), (_stage(0, 3, "n0/0"), _stage(3, 5, "n0/1")))]
+    steps = 3
+    result, config = _launch_model(tmp_path, model, pipelines, 4 if two_by_two else 2, steps=steps)
+    blocks = zoo.build_blocks(0, zoo.n_blocks, SEED)
+    assert blocks[1][0] is blocks[3][0]  # one Linear in the single-process model
+    lr = config["training"]["lr"]
+
+    def whole(step: int):
+        x, y = zoo.sample_batch(6, seed=SEED, step=step)
+        return [(x, y)]
+
+    def user_loss(y, t):  # the spec's own mean loss, on the whole batch
+        return torch.nn.functional.cross_entropy(y.flatten(0, 1), t.flatten())
+
+    losses = _sgd_loop(blocks, whole, user_loss, lr, steps)
+    assert [r["loss"] for r in result.records if r["rank"] == 0] == pytest.approx(losses, abs=1e-5)
+    _assert_params_equal(tmp_path / "ckpt", blocks)
+
+
+@pytest.mark.parametrize("two_by_two", [False, True], ids=["2stages", "2x2"])
+def test_a_resnet_trains_on_a_user_image_dataset_as_one_process(tmp_path, monkeypatch, two_by_two: bool) -> None:
+    name = f"user_images_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(IMAGE_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    model = {"family": "resnet", "config": {"depth": 18, "image_size": 64, "classes": 4}}
+    zoo = resolve_model(model)
+    n = zoo.n_blocks
+    # 64 x 64 images: layer4 keeps a 2 x 2 map, so BatchNorm has statistics at a batch of one.
+    # BatchNorm normalises over the batch it sees: one micro-batch per pipeline, and the reference
+    # runs each pipeline's share as its own forward (as data parallelism without SyncBatchNorm does)
+    if two_by_two:
+        pipelines = [
+            Pipeline(4, (4,), (_stage(0, 4, "n0/0"), _stage(4, n, "n0/1"))),
+            Pipeline(4, (4,), (_stage(0, 6, "n0/2"), _stage(6, n, "n0/3"))),
+        ]
+        shares = [(0, 4), (4, 8)]
+    else:
+        pipelines = [Pipeline(8, (8,), (_stage(0, 5, "n0/0"), _stage(5, n, "n0/1")))]
+        shares = [(0, 8)]
+    steps = 2
+    spec = f"{name}:build"
+    result, config = _launch_model(
+        tmp_path, model, pipelines, 4 if two_by_two else 2, steps=steps, dataset=spec, dataset_kwargs={"size": 16}
+    )
+    data = UserDataset(spec, {"size": 16}, zoo=zoo, global_batch=8, seed=SEED)
+    blocks = zoo.build_blocks(0, n, SEED)
+
+    def shares_of(step: int):
+        return [data.read(step, lo, hi) for lo, hi in shares]
+
+    def loss(y, t):  # a SUM over the share, over the global batch: the shares add up to the mean
+        return torch.nn.functional.cross_entropy(y, t, reduction="sum") / 8
+
+    losses = _sgd_loop(blocks, shares_of, loss, config["training"]["lr"], steps)
+    assert [r["loss"] for r in result.records if r["rank"] == 0] == pytest.approx(losses, abs=1e-5)
+    for i, block in enumerate(blocks):
+        saved = read_block(tmp_path / "ckpt", i).params
+        for key, value in block.named_parameters():  # parameters: each replica keeps its own BN statistics
+            torch.testing.assert_close(saved[key], value.detach(), atol=1e-5, rtol=0)

@@ -45,7 +45,7 @@ def test_compare_rows_keep_their_keys_and_add_the_band() -> None:
     assert (rows[1]["band"]["low"], rows[1]["band"]["high"]) == ESTIMATED_UNVALIDATED
     text = _text([compare_table(rows)])
     low, high = ours
-    assert f"estimated times: {low:+.0%}/{high:+.0%}, docs/estimates.md" in text
+    assert f"estimated times: x{1 + low:.2f} to x{1 + high:.2f}, docs/estimates.md" in text
 
 
 def test_show_prints_the_band_next_to_the_predicted_time() -> None:
@@ -57,6 +57,6 @@ def test_show_prints_the_band_next_to_the_predicted_time() -> None:
     assert (band.low, band.high) == IMPORTED and band.sources == ("imported",)
     text = _text(plan_summary_renderables(plan, cluster, profile))
     line = next(x for x in text.splitlines() if x.startswith("predicted iteration"))
-    assert "(imported times: -19%/+19%, docs/estimates.md)" in line
+    assert "(imported times: x0.81 to x1.19, docs/estimates.md)" in line
     # without the profile at hand and no readable input paths, the time stands alone
     assert "docs/estimates.md" not in _text(plan_summary_renderables(plan, cluster))

@@ -1,0 +1,1 @@
+"""Parallelism helpers of the runtime that span stages: tied parameters (:mod:`.tied`)."""

@@ -1,0 +1,129 @@
+"""Signals to ``hetplan launch`` (a ``kill``, a Ctrl-C, a closed terminal) or to the torchrun agent
+it started: every rank stops within seconds, the run log so far is written, no process remains
+(checked by pid: the agent and every worker), and the exit code is non-zero.
+
+Each test runs the real command in a process of its own, with its temporary folder (``TMPDIR``)
+in the test's folder, so that the run folder, the workers' pids and their progress can be read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from builders import zoo_profile
+
+from hetplan.contracts.plan import Pipeline, Plan, Stage
+from hetplan.contracts.runlog import load_run_log
+from hetplan.contracts.yamlio import write_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+GPT = {"family": "gpt", "config": {"layers": 2, "hidden": 32, "heads": 2, "seq": 8, "vocab": 31}}
+
+#: The command as a user's shell starts it: the stop signals at their defaults (a test runner may
+#: have been started with SIGINT or SIGHUP ignored, which a child would inherit).
+ENTRY = (
+    "import signal, sys; [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGHUP)]; "
+    "from hetplan.cli import main; main(sys.argv[1:])"
+)
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+
+
+def _plan(folder: Path) -> Path:
+    write_yaml(zoo_profile(GPT).to_dict(), folder / "profile.yaml")
+    plan = Plan(
+        global_batch=8,
+        pipelines=[Pipeline(8, (4, 4), (Stage(0, 3, ("local/0",), (1.0,)), Stage(3, 6, ("local/1",), (1.0,))))],
+        inputs={
+            "profile": {"path": str(folder / "profile.yaml")},
+            "cluster": {"path": str(ROOT / "profiles" / "clusters" / "local-2.yaml")},
+        },
+    )
+    write_yaml(plan.to_dict(), folder / "plan.yaml")
+    return folder / "plan.yaml"
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state first), or None: no such process."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def _wait_for(what, *, timeout: float, proc: subprocess.Popen) -> None:
+    """Wait until ``what()``; fail if the command ends first or it takes longer than ``timeout``."""
+    end = time.time() + timeout
+    while not what():
+        if proc.poll() is not None:
+            pytest.fail(f"launch ended early ({proc.returncode}): {proc.stderr.read()}")
+        if time.time() > end:
+            proc.kill()
+            pytest.fail("no step within the time given (the machine may be overloaded)")
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize(
+    ("target", "sig"),
+    [("launch", signal.SIGTERM), ("launch", signal.SIGHUP), ("launch", signal.SIGINT), ("agent", signal.SIGTERM)],
+)
+def test_a_signal_stops_every_rank_writes_the_log_and_leaves_no_process(tmp_path, target, sig) -> None:
+    plan, log, tmp = _plan(tmp_path), tmp_path / "run.jsonl", tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(
+        os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    )
+    argv = ["launch", str(plan), "--steps", "100000", "--log-every", "1000", "--log", str(log)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ENTRY, *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the test's own process group is never signalled
+    )
+    try:
+
+        def trained() -> bool:  # both workers have said who they are and rank 0 finished 2 steps
+            runs = list(tmp.glob("hetplan-run-*"))
+            if not runs or len(list((runs[0] / "ranks").glob("rank-*.json"))) < 2:
+                return False
+            lines = (runs[0] / "rank-0.jsonl").read_text() if (runs[0] / "rank-0.jsonl").exists() else ""
+            return lines.count("\n") >= 2
+
+        _wait_for(trained, timeout=300, proc=proc)
+        (run,) = tmp.glob("hetplan-run-*")
+        workers = [json.loads(p.read_text())["pid"] for p in (run / "ranks").glob("rank-*.json")]
+        agent = int(_stat(workers[0])[1])  # the workers' parent: torchrun's agent
+        os.kill(proc.pid if target == "launch" else agent, sig)
+        sent = time.time()
+        _, err = proc.communicate(timeout=120)
+        took = time.time() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert took < 30, took  # seconds: the workers' grace after a signal is 3 s (loaded machines vary)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    if target == "launch":
+        assert proc.returncode == 128 + sig, err
+        assert lines[0].startswith(f"error: stopped by {sig.name} after ")
+        assert f"; every rank has ended; run log so far: {log}" in lines[0]
+    else:
+        assert proc.returncode == 128 + sig, err
+        assert lines[0].startswith(f"error: the run stopped: torchrun's agent got {sig.name} and stopped every rank")
+    records = load_run_log(log)  # the steps so far, a valid run log
+    assert {r.rank for r in records} == {0, 1} and max(r.step for r in records) >= 1
+    assert not [pid for pid in [*workers, agent] if _alive(pid)]
