@@ -48,6 +48,8 @@ class Link:
     latency: float
     shared: bool = False
     emulated: bool = False
+    #: a path whose ends copy through host memory (a node's ``host_staged``): its own link class
+    staged: bool = False
 
     def transfer_time(self, nbytes: float) -> float:
         """Seconds to move ``nbytes`` alone on this link (latency + size / bandwidth)."""
@@ -86,6 +88,11 @@ class Node:
     #: USD per hour for the whole node as the cluster file states it (``price_per_hour``), overriding
     #: its devices' catalog prices; None: not stated (:meth:`Cluster.node_price` falls back).
     price_per_hour: float | None = None
+    #: the host-staged transport (``host_staged: {bandwidth, latency}``): the copy between a device and
+    #: host memory that every transfer and collective of this node's devices makes at each end (gloo
+    #: carrying GPU tensors, several ranks on one GPU, GPUs that cannot share an NCCL communicator);
+    #: None: the devices communicate directly
+    staging: Link | None = None
 
 
 @dataclass(frozen=True)
@@ -185,9 +192,9 @@ class Cluster:
         """The link a transfer from ``a`` to ``b`` crosses."""
         node_a = a.node if isinstance(a, Device) else a.split("/")[0]
         node_b = b.node if isinstance(b, Device) else b.split("/")[0]
-        if node_a == node_b:
-            return self._node[node_a].link
-        return self.inter_node_link(node_a, node_b)
+        base = self._node[node_a].link if node_a == node_b else self.inter_node_link(node_a, node_b)
+        copies = [n.staging for n in (self._node[node_a], self._node[node_b]) if n.staging is not None]
+        return staged_link(base, copies) if copies else base
 
     def inter_node_link(self, node_a: str, node_b: str) -> Link:
         pair = frozenset((node_a, node_b))
@@ -198,6 +205,19 @@ class Cluster:
         if groups:  # the smallest group holding both nodes: a rack inside a zone wins
             return min(groups, key=lambda g: (len(g.nodes), self.groups.index(g))).link
         return self.network
+
+
+def staged_link(base: Link, copies: list[Link]) -> Link:
+    """``base`` with a copy through host memory at each staged end (device to host at the sender,
+    host to device at the receiver), one after another: the bandwidths add as resistances in series
+    (1 / b = 1 / b_link + sum 1 / b_copy), the latencies add."""
+    return Link(
+        bandwidth=1.0 / (1.0 / base.bandwidth + sum(1.0 / c.bandwidth for c in copies)),
+        latency=base.latency + sum(c.latency for c in copies),
+        shared=base.shared,
+        emulated=base.emulated,
+        staged=True,
+    )
 
 
 def _parse_link(f: Fields, *, shared: bool) -> Link:
@@ -272,8 +292,22 @@ def parse_cluster(data: dict, *, file: str | None = None, catalog: Catalog | Non
             link = Link(bandwidth=network.bandwidth, latency=network.latency, emulated=network.emulated)
         nic = node_f.bandwidth("nic", network.bandwidth)
         price = parse_node_price(node_f)
+        staged_f = node_f.child("host_staged", None)
+        staging = None
+        if staged_f is not None:
+            staging = Link(bandwidth=staged_f.bandwidth("bandwidth"), latency=staged_f.time("latency", 0.0))
+            staged_f.done()
         node_f.done()
-        nodes.append(Node(name=node_name, devices=tuple(devices), link=link, nic_bandwidth=nic, price_per_hour=price))
+        nodes.append(
+            Node(
+                name=node_name,
+                devices=tuple(devices),
+                link=link,
+                nic_bandwidth=nic,
+                price_per_hour=price,
+                staging=staging,
+            )
+        )
 
     def node_set(entry: Fields, key: str, minimum: int) -> frozenset[str]:
         names = entry.list(key)

@@ -77,11 +77,23 @@ def torchrun_command(
 
 def default_backend(cluster: Cluster, addresses: set[str]) -> str:
     """``nccl`` when every used device is a GPU that runs it, else ``gloo`` (a CPU-only cluster, an
-    emulated one, or a type the catalog says runs gloo only)."""
+    emulated one, a type the catalog says runs gloo only, or a node the cluster marks
+    ``host_staged``: its GPUs communicate through host memory)."""
     for d in cluster.devices:
         if d.address in addresses and (d.type.emulated or "nccl" not in getattr(d.type, "backends", ("nccl",))):
             return "gloo"
+        if d.address in addresses and cluster.node(d.node).staging is not None:
+            return "gloo"
     return "nccl"
+
+
+def staged_gpus(cluster: Cluster, addresses: set[str]) -> bool:
+    """Whether the plan's devices are GPUs on nodes the cluster marks ``host_staged``: their ranks
+    compute on the GPU and communicate through host memory (``compute_device: cuda`` under gloo)."""
+    used = [d for d in cluster.devices if d.address in addresses]
+    return bool(used) and all(
+        cluster.node(d.node).staging is not None and not d.type.emulated and d.type.name != "cpu" for d in used
+    )
 
 
 def _is_loopback(host: str) -> bool:
@@ -248,6 +260,8 @@ def emit_launch(
         raise HetplanError("--keep-last needs --save", field="--keep-last")
     if resume_step is not None and not resume:
         raise HetplanError("--resume-step needs --resume", field="--resume-step")
+    if backend == "gloo" and training.get("compute_device") is None and staged_gpus(cluster, used):
+        training["compute_device"] = "cuda"  # what the cluster's host_staged nodes say the ranks run
     config = build_rank_config(plan, profile, cluster, seed=seed, lr=lr, backend=backend, **training)
     nodes = config["nodes"]
     if len(nodes) > 1 and _is_loopback(host):

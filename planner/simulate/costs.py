@@ -237,8 +237,14 @@ class CostModel:
             k = next(iter(sizes))
             inside = max(ring_allreduce_time(nbytes, k, link) for link in intra.values())
             between = max(ring_allreduce_time(nbytes, len(nodes), link) for link in inter.values())
-            return min(flat, inside + between)
-        return flat
+            flat = min(flat, inside + between)
+        return flat + self._staging_copies(nbytes, nodes)
+
+    def _staging_copies(self, nbytes: float, nodes: tuple[str, ...]) -> float:
+        """A host-staged collective copies its buffer to host memory once and back once (the ring
+        itself runs between host buffers, over the links above): the slowest staged node's two copies."""
+        copies = [self.cluster.node(x).staging for x in nodes]
+        return max((2.0 * c.transfer_time(nbytes) for c in copies if c is not None), default=0.0)
 
     def _ring_links(self, nodes: tuple[str, ...], *, ring: bool) -> dict[tuple[float, float], Link]:
         """The distinct links (by bandwidth and latency) of ``nodes``' own links, or (``ring``) of
