@@ -1031,6 +1031,12 @@ def _training(values: dict[str, Any]) -> Any:
 @click.option("--resume", default=None, help="Resume from this checkpoint folder's latest (or --resume-step's).")
 @click.option("--resume-step", default=None, type=click.IntRange(min=0), help="The checkpoint step to resume from.")
 @click.option("--skip-nonfinite", is_flag=True, help="Go on past a step whose loss is not finite (default: stop).")
+@click.option(
+    "--init-from",
+    default=None,
+    help="Weights the ranks start from, as the nodes see the path (a save_pretrained folder or a state_dict "
+    "file; relative: to the launch folder).",
+)
 @_training_options
 def emit(plan_file: str, output_dir: str, master: str, steps: int, backend: str | None, **training: Any) -> None:
     """Write launch files: the rank config, a torchrun script per node, a SLURM batch script.

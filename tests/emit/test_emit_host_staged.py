@@ -36,3 +36,21 @@ def test_a_host_staged_node_emits_gloo_with_ranks_on_the_gpu(tmp_path) -> None:
     assert training["backend"] == "gloo" and training["compute_device"] == "cuda"
     direct = _emit(tmp_path, staged=False)
     assert direct["backend"] == "nccl" and direct.get("compute_device") in (None, "cuda")
+
+
+def test_emit_passes_init_from_to_the_rank_config(tmp_path, capsys) -> None:
+    from builders import run_cli
+
+    from hetplan.contracts.yamlio import write_yaml
+
+    profile = make_profile(2, times={A100: (0.01, 0.02)})
+    profile.model = {"family": "mlp", "config": {"layers": 2}}
+    profile.save(tmp_path / "profile.yaml")
+    write_yaml(RAW, tmp_path / "cluster.yaml")
+    plan = linear_plan(["n0/0", "n0/1"], 2, [1], optimizer="sgd")
+    plan.inputs = {"profile": {"path": "profile.yaml"}, "cluster": {"path": "cluster.yaml"}}
+    plan.save(tmp_path / "plan.yaml")
+    out = tmp_path / "launch"
+    code, _, err = run_cli(["emit", str(tmp_path / "plan.yaml"), "-o", str(out), "--init-from", "weights/"], capsys)
+    assert code == 0, err
+    assert yaml.safe_load((out / "rank-config.yaml").read_text())["training"]["init_from"] == "weights/"
