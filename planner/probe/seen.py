@@ -11,12 +11,11 @@ started with the same environment gets.
 from __future__ import annotations
 
 import os
-import platform
 from dataclasses import dataclass
 from typing import Any
 
 from hetplan.contracts.catalog import Catalog
-from hetplan.profile.measure import cuda_device_type
+from hetplan.profile.measure import cpu_name, cuda_device_type
 
 __all__ = ["SeenDevice", "cpu_name", "pci_order_env", "seen_devices", "total_host_memory"]
 
@@ -69,18 +68,6 @@ def seen_devices(torch_module: Any, catalog: Catalog) -> list[SeenDevice]:
             )
         )
     return sorted(out, key=lambda d: (d.pci_bus_id or "~", d.index))
-
-
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or what the platform module knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def total_host_memory() -> float:

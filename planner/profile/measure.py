@@ -103,8 +103,8 @@ def cuda_device_type(name: str, memory_bytes: float, catalog: Catalog | None = N
     return None
 
 
-def _cpu_name() -> str:
-    name = platform.processor()
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or what the platform module knows."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -112,7 +112,7 @@ def _cpu_name() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return name or platform.machine() or "unknown CPU"
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -384,7 +384,7 @@ def _describe(device: torch.device) -> dict[str, Any]:
             "cuda": torch.version.cuda,
             "threads": torch.get_num_threads(),
         }
-    return {"backend": "cpu", "device": _cpu_name(), "threads": torch.get_num_threads()}
+    return {"backend": "cpu", "device": cpu_name(), "threads": torch.get_num_threads()}
 
 
 def _sig(x: float) -> float:
