@@ -21,6 +21,13 @@ time skips the least needed; ``SECTIONS`` below has the order and the limits):
   one process and against the one-process reference; peak memory per rank measured vs predicted.
 * ``sync-topk``, ``sync-adasum``, ``sync-wsp``, ``sync-sdpipe``: a few steps of each sync mode.
 * ``nccl-runtime``: one-device plans trained on NCCL at world size 1 under each sync mode.
+* ``hf-train-gpt2``: a Hugging Face GPT-2 (tied LM head) from a config, 2 stages sharing the GPU on
+  a user's token dataset, against the same plan in one process and the plain transformers loop on
+  the same GPU.
+* ``checkpoint-bf16``: 2 stages sharing the GPU save after 2 steps and resume for 2 more, under the
+  same plan and under 2 pipelines, against 4 uninterrupted steps.
+* ``hf-profile-bf16``: ``hetplan profile`` of real models' shapes from their configs (GPT-2 small;
+  TinyLlama-1.1B's Llama config, grouped-query attention), saved under ``profiles/models/``.
 
 Results go under ``--out`` (default: this checkout) as ``benchmarks/results/gpu_check-<TYPE>.json``
 and ``.md`` and ``profiles/models/*.yaml``: at most 5 files. The script installs nothing: it runs with
@@ -90,6 +97,9 @@ SECTIONS: tuple[Section, ...] = (
     Section("profile-fp16", 90, 180, "the zoo GPT profile in fp16"),
     Section("train-2stage-fp16", 100, 360, "2 stages sharing the GPU, fp16"),
     Section("train-2pipe-bf16", 100, 360, "2 pipelines sharing the GPU, bf16"),
+    Section("hf-train-gpt2", 120, 300, "HF GPT-2 (tied head), 2 stages sharing the GPU on tokens, vs the plain loop"),
+    Section("checkpoint-bf16", 120, 360, "2 stages sharing the GPU, bf16: save, resume (same plan and another)"),
+    Section("hf-profile-bf16", 200, 300, "hetplan profile of HF GPT-2 small and a 1.1B Llama config on the GPU, bf16"),
 )
 SECTION_NAMES = tuple(s.name for s in SECTIONS)
 
@@ -397,7 +407,8 @@ def section_environment(check: Check) -> None:
     figures["python"] = f"{platform.python_version()} ({sys.executable})"
     missing = [m for m in ("torch", "yaml", "click", "rich", "numpy") if importlib.util.find_spec(m) is None]
     figures["missing_packages"] = missing
-    figures["optional_missing"] = [m for m in ("scipy", "pulp") if importlib.util.find_spec(m) is None]
+    optional = ("scipy", "pulp", "transformers", "safetensors", "torchvision")
+    figures["optional_missing"] = [m for m in optional if importlib.util.find_spec(m) is None]
     check.expect(not missing, f"missing packages: {', '.join(missing)} (carry them as wheels)")
     if "torch" in missing:
         return
@@ -888,6 +899,231 @@ def section_nccl_runtime(check: Check) -> None:
     check.headline = f"{sum(r[1] == 'ok' for r in rows)}/{len(rows)} sync modes ran on {backend} at world size 1"
 
 
+# --------------------------------------------------------------------------- Hugging Face models
+#: GPT-2 trained on the GPU (tied LM head; dropout off so runs compare), on a user's token dataset.
+HF_TRAIN_GPT2 = {
+    "hf": "gpt2",
+    "config": {"n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 256, "n_positions": 64,
+               "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+    "seq": 64,
+}  # fmt: skip
+#: Real models' shapes, built from their configs (no weights needed to time them): GPT-2 small
+#: (124M) and TinyLlama-1.1B's config (22 layers, hidden 2048, 32 heads, 4 key-value heads).
+HF_PROFILES = {
+    "hf-gpt2-small": ("gpt2", "n_layer=12,n_embd=768,n_head=12,vocab_size=50257,n_positions=1024", 1024),
+    "hf-llama-1.1b": (
+        "llama",
+        "num_hidden_layers=22,hidden_size=2048,num_attention_heads=32,num_key_value_heads=4,"
+        "intermediate_size=5632,vocab_size=32000,max_position_embeddings=2048",
+        2048,
+    ),
+}
+HF_PROFILES_CPU = {
+    "hf-gpt2-tiny": ("gpt2", "n_layer=2,n_embd=32,n_head=2,vocab_size=128,n_positions=32", 16),
+}
+TEXT = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+    "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
+    "it was the season of Darkness, it was the spring of hope, it was the winter of despair."
+)
+#: A user's dataset module: a text file's bytes as token ids in windows; labels = the ids.
+TEXT_MODULE = """
+import torch
+from torch.utils.data import Dataset
+
+
+class CharWindows(Dataset):
+    def __init__(self, path, seq=8):
+        self.ids = torch.tensor(list(open(path, "rb").read()), dtype=torch.long)
+        self.seq = seq
+
+    def __len__(self):
+        return len(self.ids) // self.seq
+
+    def __getitem__(self, i):
+        window = self.ids[i * self.seq : (i + 1) * self.seq]
+        return window, window.clone()
+
+
+def build(path, seq=8):
+    return CharWindows(path, seq)
+"""
+
+
+def _hf_model(check: Check) -> dict[str, Any]:
+    if check.cpu:
+        return {
+            "hf": "gpt2",
+            "config": {**HF_TRAIN_GPT2["config"], "n_embd": 16, "n_head": 2, "n_positions": 16},
+            "seq": 8,
+        }
+    return {"hf": "gpt2", "config": dict(HF_TRAIN_GPT2["config"]), "seq": HF_TRAIN_GPT2["seq"]}
+
+
+def _token_dataset(check: Check, seq: int) -> tuple[str, dict[str, Any]]:
+    """The dataset module and text file in the work folder, importable by the ranks."""
+    (check.work / "gpu_check_text.py").write_text(TEXT_MODULE, encoding="utf-8")
+    book = check.work / "book.txt"
+    book.write_text(TEXT * 8, encoding="utf-8")
+    sys.path.insert(0, str(check.work))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(check.work), os.environ.get("PYTHONPATH")]))
+    return "gpu_check_text:build", {"path": str(book), "seq": seq}
+
+
+def section_hf_train(check: Check) -> None:
+    """HF GPT-2 from a config, 2 stages sharing the GPU (host-staged gloo) on a token dataset, fp32:
+    against the same plan in one process and the plain transformers loop on the same GPU."""
+    import torch
+    import transformers
+
+    from hetplan.contracts.model_profile import Block, ModelProfile, Timing
+    from hetplan.contracts.plan import Pipeline, Plan
+    from hetplan.contracts.yamlio import write_yaml
+    from hetplan.emit import build_rank_config
+    from hetplan.models import resolve_model
+    from hetplan.runtime.dataset import UserDataset
+    from hetplan.runtime.launcher import launch_local
+
+    spec = _hf_model(check)
+    zoo = resolve_model(spec)
+    dataset = _token_dataset(check, spec["seq"])
+    kind = check.device_type()
+    timing = {kind: {1: Timing(1e-3, 2e-3)}}
+    profile = ModelProfile(
+        model=zoo.model,
+        dtype="fp32",
+        blocks=[Block(n, "zoo", 0, 0.0, 0.0, 0.0, 0.0, timing) for n in zoo.block_names()],
+    )
+    n, cut = zoo.n_blocks, zoo.n_blocks // 2
+    layouts = {
+        "2stage": [Pipeline(GLOBAL_BATCH, (2, 2, 2, 2), (_stage(0, cut, "n0/0"), _stage(cut, n, "n0/1")))],
+        "1proc": [Pipeline(GLOBAL_BATCH, (2, 2, 2, 2), (_stage(0, n, "n0/0"),))],
+    }
+    losses: dict[str, list[float]] = {}
+    lr = 1e-3
+    for name, pipelines in layouts.items():
+        plan = Plan(GLOBAL_BATCH, pipelines, optimizer="adam")
+        config = build_rank_config(
+            plan, profile, check.cluster(2), seed=SEED, backend="gloo", timeout_s=120,
+            dataset=dataset[0], dataset_kwargs=dataset[1],
+        )  # fmt: skip
+        config = host_staged(config, gpu=not check.cpu)
+        lr = config["training"]["lr"]
+        write_yaml(config, check.work / f"hf-{name}.rank-config.yaml")
+        result = launch_local(
+            check.work / f"hf-{name}.rank-config.yaml", steps=TRAIN_STEPS, log=check.work / f"hf-{name}.jsonl"
+        )
+        if name == "2stage":
+            _on_expected_device(check, result.records, f"hf gpt2 {name}")
+        losses[name] = _rank0_losses(result.records)
+    # the plain transformers loop on the same device from the blocks' initial weights
+    device = torch.device(check.device)
+    model = transformers.AutoModelForCausalLM.from_config(zoo.hf_config())
+    start = {}
+    for i, block in enumerate(zoo.build_blocks(0, zoo.n_blocks, SEED)):
+        keys = zoo.state_dict_keys(i)
+        start.update({keys[k]: v for k, v in block.state_dict().items()})
+    model.load_state_dict(start, strict=False)
+    model.to(device).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+    data = UserDataset(dataset[0], dataset[1], zoo=zoo, global_batch=GLOBAL_BATCH, seed=SEED)
+    plain = []
+    for step in range(TRAIN_STEPS):
+        ids, labels = data.read(step, 0, GLOBAL_BATCH)
+        optimizer.zero_grad()
+        loss = model(input_ids=ids.to(device), labels=labels.to(device)).loss
+        loss.backward()
+        optimizer.step()
+        plain.append(float(loss.detach()))
+    same = max(abs(a - b) for a, b in zip(losses["2stage"], losses["1proc"], strict=True))
+    vs_plain = max(abs(a - b) for a, b in zip(losses["2stage"], plain, strict=True))
+    check.expect(same <= SAME_DEVICE_TOLERANCE, f"2 stages vs one process: {same:.2e} > {SAME_DEVICE_TOLERANCE}")
+    check.expect(vs_plain <= SAME_DEVICE_TOLERANCE, f"vs the plain transformers loop: {vs_plain:.2e}")
+    check.expect(plain[-1] < plain[0], f"the plain loop does not learn: {plain}")
+    check.table(
+        "HF GPT-2 (tied head), fp32: loss per step",
+        ["step", "2 stages sharing the device", "one process", "plain transformers loop"],
+        [[i, a, b, c] for i, (a, b, c) in enumerate(zip(losses["2stage"], losses["1proc"], plain, strict=True))],
+    )
+    check.figures.update(losses=losses["2stage"], max_diff_one_process=same, max_diff_plain_loop=vs_plain)
+    check.headline = (
+        f"losses vs one process {same:.1e}, vs the plain transformers loop on {check.device} {vs_plain:.1e}"
+    )
+
+
+def section_checkpoint(check: Check, dtype: str) -> None:
+    """Save after 2 steps, resume for 2 more under the same plan and under another (2 pipelines):
+    against 4 uninterrupted steps of the same plan, on the GPU."""
+    from hetplan.contracts.yamlio import write_yaml
+    from hetplan.emit import build_rank_config
+    from hetplan.runtime.launcher import launch_local
+
+    profile = _train_profile(check, dtype)
+    n = len(profile.blocks)
+    cluster = check.cluster(2)
+
+    def config_for(structure: str) -> Path:
+        config = build_rank_config(
+            _plan(structure, n, dtype), profile, cluster, seed=SEED, backend="gloo", timeout_s=60
+        )
+        config = host_staged(config, gpu=not check.cpu)
+        path = check.work / f"ckpt-{structure}-{dtype}.rank-config.yaml"
+        write_yaml(config, path)
+        return path
+
+    stages, pipes = config_for("2stage"), config_for("2pipe")
+    whole = launch_local(stages, steps=4, log=check.work / "ckpt-whole.jsonl").records
+    _on_expected_device(check, whole, f"checkpoint {dtype}")
+    folder = check.work / f"ckpt-{dtype}"
+    launch_local(stages, steps=2, save=folder, log=check.work / "ckpt-first.jsonl")
+    same = launch_local(stages, steps=2, resume=folder, log=check.work / "ckpt-same.jsonl").records
+    other = launch_local(pipes, steps=2, resume=folder, log=check.work / "ckpt-other.jsonl").records
+    a, b, c = _rank0_losses(whole), _rank0_losses(same), _rank0_losses(other)
+    tail = a[-len(b) :] if b else []
+    diff_same = max((abs(x - y) for x, y in zip(tail, b, strict=True)), default=float("inf"))
+    diff_other = max((abs(x - y) for x, y in zip(a[-len(c) :], c, strict=True)), default=float("inf"))
+    check.expect(len(b) >= 1, f"the resumed run logged no steps: {b}")
+    check.expect(diff_same <= 1e-6, f"resumed under the same plan differs from uninterrupted by {diff_same:.2e}")
+    check.expect(diff_other <= SAME_DEVICE_TOLERANCE, f"resumed under 2 pipelines differs by {diff_other:.2e}")
+    check.table(
+        f"{dtype}: loss per step, uninterrupted vs saved at 2 and resumed",
+        ["run", "losses"],
+        [["uninterrupted 2 stages", a], ["resumed, 2 stages", b], ["resumed, 2 pipelines", c]],
+    )
+    check.figures.update(losses=a, resumed_same_diff=diff_same, resumed_other_diff=diff_other)
+    check.headline = f"resumed vs uninterrupted: same plan {diff_same:.1e}, another plan {diff_other:.1e}"
+
+
+def section_hf_profile(check: Check, dtype: str) -> None:
+    """Real models' shapes from their configs, profiled on the GPU and saved under profiles/models/;
+    with the analytic-free roofline carry to catalog types beside it (--estimate-for)."""
+    from hetplan.contracts.model_profile import load_profile
+
+    rows = []
+    models = HF_PROFILES_CPU if check.cpu else HF_PROFILES
+    for stem, (family, kwargs, seq) in models.items():
+        target = check.out / MODELS_DIR / f"{stem}.{check.device_type()}.{dtype}.yaml"
+        began = time.perf_counter()
+        check.hetplan(
+            "profile", f"hf:{family}", "--kwargs", kwargs, "--seq", str(seq), "--device", check.device,
+            "--dtype", dtype, "--micro-batches", "1,2" if check.cpu else "1,2,4",
+            "--repeat", "1" if check.cpu else "3", "--warmup", "1", "-o", str(target), timeout=240,
+        )  # fmt: skip
+        profile = load_profile(target)
+        kind = check.device_type()
+        total = sum(b.times[kind][1].fwd + b.times[kind][1].bwd for b in profile.blocks if 1 in b.times.get(kind, {}))
+        rows.append([stem, len(profile.blocks), f"{total * 1e3:.2f}", f"{time.perf_counter() - began:.0f}"])
+        check.figures.setdefault("profiles", []).append(
+            str(target.relative_to(check.out)) if target.is_relative_to(check.out) else str(target)
+        )
+    check.table(
+        f"{dtype}: HF models profiled here",
+        ["model", "blocks", "fwd+bwd at micro-batch 1, ms", "seconds to profile"],
+        rows,
+    )
+    check.headline = "; ".join(f"{r[0]} {r[1]} blocks, {r[2]} ms/sample" for r in rows)
+
+
 # --------------------------------------------------------------------------- dispatch
 def _section_functions() -> dict[str, Callable[[Check], None]]:
     table: dict[str, Callable[[Check], None]] = {
@@ -903,6 +1139,9 @@ def _section_functions() -> dict[str, Callable[[Check], None]]:
             table[f"train-{structure}-{dtype}"] = lambda c, s=structure, d=dtype: section_train(c, s, d)
     for sync in SYNC_OPTIONS:
         table[f"sync-{sync}"] = lambda c, s=sync: section_sync(c, s)
+    table["hf-train-gpt2"] = section_hf_train
+    table["checkpoint-bf16"] = lambda c: section_checkpoint(c, "bf16")
+    table["hf-profile-bf16"] = lambda c: section_hf_profile(c, "bf16")
     return table
 
 

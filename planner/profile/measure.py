@@ -39,7 +39,7 @@ import platform
 import re
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -243,6 +243,56 @@ def _timing(fwd: Sequence[float], bwd: Sequence[float]) -> Timing:
     )
 
 
+def broadcast_kv_heads(query_shape, key_shape, value_shape) -> tuple[tuple, tuple, tuple]:
+    """Key and value shapes with their heads broadcast to the query's (grouped-query attention):
+    the FLOPs of the kernel, which repeats each key/value head for its group of query heads."""
+    heads = query_shape[1]
+    return tuple(query_shape), (key_shape[0], heads, *key_shape[2:]), (value_shape[0], heads, *value_shape[2:])
+
+
+def sdpa_forward_flops(query_shape, key_shape, value_shape, *_args, out_shape=None, **_kwargs) -> int:
+    """Scaled dot-product attention's forward FLOPs (2 per multiply-add: scores, then the weighted
+    sum of values), key/value heads broadcast to the query's."""
+    q, k, v = broadcast_kv_heads(query_shape, key_shape, value_shape)
+    b, h, s_q, d = q
+    return 2 * b * h * s_q * k[2] * d + 2 * b * h * s_q * k[2] * v[3]
+
+
+def _cpu_sdpa() -> dict[Any, Callable[..., int]]:
+    """The CPU's fused attention kernel, which torch's FLOP counter does not know (it counted 0
+    FLOPs for the attention of every model calling ``scaled_dot_product_attention`` on a CPU, such as
+    the transformers models, so their FLOPs, and the estimates carried from them, were too low)."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return {op: sdpa_forward_flops} if op is not None else {}
+
+
+@contextlib.contextmanager
+def _gqa_flop_counting() -> Iterator[None]:
+    """Counting FLOPs of grouped-query attention under torch versions whose counter refuses it.
+
+    Before torch 2.13, ``torch.utils.flop_counter.sdpa_flop_count`` asserts that queries, keys and
+    values have as many heads, so profiling any model with ``num_key_value_heads < heads`` (Llama 2
+    70B, Llama 3, Mistral, TinyLlama) on a GPU, where transformers calls SDPA with ``enable_gqa``,
+    ended in an internal error. Where the counter refuses such shapes, count them with the key/value
+    heads broadcast (what the kernel computes); elsewhere change nothing."""
+    import torch.utils.flop_counter as counter
+
+    original = counter.sdpa_flop_count
+    try:
+        original((1, 2, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1))
+        counts_gqa = True
+    except (AssertionError, RuntimeError):
+        counts_gqa = False
+    if counts_gqa:  # this torch counts grouped-query attention itself
+        yield
+        return
+    counter.sdpa_flop_count = lambda q, k, v: original(*broadcast_kv_heads(q, k, v))
+    try:
+        yield
+    finally:
+        counter.sdpa_flop_count = original
+
+
 def _stats(
     block: nn.Module, x: torch.Tensor, finish: Callable[[torch.Tensor], torch.Tensor] | None, m: int
 ) -> tuple[float, float, float]:
@@ -253,7 +303,7 @@ def _stats(
     profiles follow, so summing over a stage counts each tensor once. The last block's output feeds
     the loss on the same device, so what the loss saves is counted with it.
     """
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), _gqa_flop_counting(), FlopCounterMode(display=False, custom_mapping=_cpu_sdpa()) as counter:
         block(x.detach())
     flops = float(counter.get_total_flops())
 
