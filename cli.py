@@ -434,10 +434,13 @@ def show(file: str, as_json: bool) -> None:
         data = summary(kind, obj)
         if kind == "plan":
             from hetplan.contracts.plan import readable_plan_inputs
+            from hetplan.views.cost import step_cost
             from hetplan.views.plan import plan_band
 
             inputs = readable_plan_inputs(obj)
             data["band"] = plan_band(obj, *inputs).to_dict() if inputs else None
+            iteration_s = (obj.predicted or {}).get("iteration_s")
+            data["cost"] = step_cost(iteration_s, obj.global_batch, inputs[1].price_per_hour) if inputs else None
         _print_json(data)
     elif kind == "plan":
         from hetplan.contracts.plan import check_plan, load_plan_inputs
@@ -613,8 +616,18 @@ def what_if(profile_file: str, cluster_file: str, pareto: str | None, no_margina
     metavar="KEY=VALUE",
     help="With --sync-modes: an option for the modes that take it (e.g. ratio=0.05, staleness=2).",
 )
+@click.option(
+    "--ignore-memory",
+    is_flag=True,
+    help="Time the plan and --with plans the memory check refuses, showing by how much each device is over.",
+)
 def compare(
-    plan_file: str, others: tuple[str, ...], as_json: bool, sync_modes: bool, sync_option: tuple[str, ...]
+    plan_file: str,
+    others: tuple[str, ...],
+    as_json: bool,
+    sync_modes: bool,
+    sync_option: tuple[str, ...],
+    ignore_memory: bool,
 ) -> None:
     """Put a plan beside every baseline (uniform split, DeepSpeed, torchgpipe, homogeneous planners,
     data parallel) and any other plans of the same inputs (--with, e.g. an export), all scored by the
@@ -625,6 +638,7 @@ def compare(
       hetplan compare plan.yaml
       hetplan compare plan.yaml --with megatron/exported-plan.yaml
       hetplan compare plan.yaml --sync-modes --sync-option ratio=0.05
+      hetplan compare plan.yaml --with big.yaml --ignore-memory
     """
     from hetplan.contracts.plan import load_plan, load_plan_inputs
     from hetplan.solve.compare import compare_rows, same_inputs, sync_mode_rows
@@ -641,13 +655,20 @@ def compare(
             console.print(sync_table(rows))
         return
     extra = {_other_plan_name(o): same_inputs(load_plan(o), loaded) for o in others}
-    rows = compare_rows(loaded, loaded_profile, loaded_cluster, others=extra)
+    rows = compare_rows(loaded, loaded_profile, loaded_cluster, others=extra, ignore_memory=ignore_memory)
     rows = with_bands(rows, loaded, loaded_profile, loaded_cluster)
     if as_json:
-        _print_json(rows)
+        from hetplan.views.cost import with_costs
+
+        _print_json(with_costs(rows, loaded.global_batch, loaded_cluster.price_per_hour))
     else:
+        from hetplan.units import format_bytes
+
         price = loaded_cluster.price_per_hour
         console.print(compare_table(rows, usd_per_hour=price, global_batch=loaded.global_batch))
+        for r in rows:
+            for address, over in (r.get("over") or {}).items():
+                console.print(f"{r['name']}: {address} is {format_bytes(over)} over its memory", markup=False)
 
 
 def _other_plan_name(path: str) -> str:

@@ -33,6 +33,22 @@ both alike. Figures, per arm:
 
 Every co-run's losses are checked against the same job's solo run (within 1e-5). Prints Markdown
 for docs/benchmarks.md with the command and the machine's load.
+
+**Real compute** (``--real``, and ``--device cuda``): the emulated runs above measure one job's
+emulation sleeps overlapping the other's, which is not what two jobs on one GPU do. ``--real`` runs
+the same pairs with no emulation at all: one node of two devices of the type the profile was
+measured on (``cpu`` here; the GPU's type with ``--device cuda``), every compute real, transfers
+over loopback gloo. On this 2-core CPU the two jobs' four ranks share two cores (the turn keeps
+each device's two ranks from computing at once; the cores are still shared by the ranks of two
+devices and the gloo threads). ``--device cuda`` puts every rank on the one visible GPU through
+the host-staged gloo transport (``compute_device: cuda``; docs/runtime.md, "host-staged"): the two
+"devices" ``n0/0`` and ``n0/1`` are the same GPU, so a job alone already shares it between its two
+ranks, and the co-simulation's prediction (which sees two GPUs) is for two GPUs, printed beside the
+measure as the planner's what-if. Defaults for the GPU: 1 round, ``pipe+dp``, 30 steps, a larger
+GPT (76 s on one H100, three torchrun start-ups included).
+
+    python benchmarks/bench_corun.py --real --rounds 1 --steps 12          # CPU, real compute
+    python benchmarks/bench_corun.py --device cuda                          # one GPU, ~76 s
 """
 
 from __future__ import annotations
@@ -47,12 +63,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+
+def _importable() -> None:
+    """``hetplan`` from this checkout without an install (a bare GPU machine): a link
+    ``hetplan -> planner`` in a scratch folder, first on the path here and on the ranks' PYTHONPATH
+    (as benchmarks/gpu_check.py does)."""
+    try:
+        import hetplan  # noqa: F401
+    except ImportError:
+        import tempfile
+
+        shim = Path(tempfile.mkdtemp(prefix="hetplan-shim-"))
+        (shim / "hetplan").symlink_to(ROOT / "planner", target_is_directory=True)
+        sys.path.insert(0, str(shim))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))
+
+
+_importable()
+
 from hetplan.contracts.cluster import Cluster, parse_cluster  # noqa: E402
 from hetplan.contracts.plan import Pipeline, Plan, Stage  # noqa: E402
 from hetplan.local_job import TrainingOptions, train_here, train_together  # noqa: E402
 from hetplan.profile.measure import measure_profile  # noqa: E402
 
 GPT = {"family": "gpt", "config": {"layers": 2, "hidden": 64, "heads": 4, "seq": 32, "vocab": 64}}
+#: on a GPU: large enough that a micro-batch is more than kernel launches, small enough for a minute
+GPT_CUDA = {"family": "gpt", "config": {"layers": 4, "hidden": 512, "heads": 8, "seq": 256, "vocab": 512}}
 N_BLOCKS = 2 * GPT["config"]["layers"] + 2  # embedding, attention and MLP per layer, head
 BATCH = 16
 MICRO = 4
@@ -73,21 +109,37 @@ def cluster(bandwidth: float, slowdown: float, latency: str = "2ms") -> Cluster:
     )
 
 
-def plans() -> tuple[Plan, Plan]:
-    cut = N_BLOCKS // 2
+LOOPBACK = {"bandwidth": "3.5GB/s", "latency": "400us"}
+
+
+def real_cluster(type_name: str) -> Cluster:
+    """One node of two devices of the measured type, nothing emulated (``--real``)."""
+    return parse_cluster(
+        {
+            "schema": "hetplan/cluster/v1",
+            "name": "corun-real",
+            # gloo over loopback (benchmarks/bench_loopback.py); on a GPU the host-staged copies add to it
+            "nodes": [{"name": "n0", "devices": [{"type": type_name, "count": 2}], "link": LOOPBACK}],
+            "network": LOOPBACK,  # one node: never used
+        },
+        file="corun-real",
+    )
+
+
+def plans(devices: tuple[str, str] = ("n0/0", "n1/0"), n_blocks: int = N_BLOCKS) -> tuple[Plan, Plan]:
+    cut = n_blocks // 2
     micro = (MICRO,) * (BATCH // MICRO)
+    first, second = devices
     pipe = Plan(
         global_batch=BATCH,
-        pipelines=[Pipeline(BATCH, micro, (Stage(0, cut, ("n0/0",), (1.0,)), Stage(cut, N_BLOCKS, ("n1/0",), (1.0,))))],
+        pipelines=[Pipeline(BATCH, micro, (Stage(0, cut, (first,), (1.0,)), Stage(cut, n_blocks, (second,), (1.0,))))],
         optimizer="adam",
         file="a (pipeline)",
     )
     half = BATCH // 2
     dp = Plan(
         global_batch=BATCH,
-        pipelines=[
-            Pipeline(half, (MICRO,) * (half // MICRO), (Stage(0, N_BLOCKS, (d,), (1.0,)),)) for d in ("n0/0", "n1/0")
-        ],
+        pipelines=[Pipeline(half, (MICRO,) * (half // MICRO), (Stage(0, n_blocks, (d,), (1.0,)),)) for d in devices],
         optimizer="adam",
         file="b (data-parallel)",
     )
@@ -130,21 +182,23 @@ def simulated(plans: tuple[Plan, Plan], profile, bench_cluster: Cluster, policy:
     return simulate_together(jobs, policy=policy, iterations=8)
 
 
-def run_pair(jobs: list, steps: int) -> dict:
+def run_pair(
+    jobs: list, steps: int, *, options: tuple = OPTIONS, emulate: bool = True, tolerance: float = 1e-5
+) -> dict:
     """One round of one pair: one after the other, then together; the losses checked equal."""
     t0 = time.time()
     alone = [
-        train_here(*job, steps=steps, options=o, emulate=True).records for job, o in zip(jobs, OPTIONS, strict=True)
+        train_here(*job, steps=steps, options=o, emulate=emulate).records for job, o in zip(jobs, options, strict=True)
     ]
     seq_wall = time.time() - t0
     t0 = time.time()
-    co = train_together(jobs, steps=steps, options=OPTIONS, emulate=True)
+    co = train_together(jobs, steps=steps, options=options, emulate=emulate)
     co_wall = time.time() - t0
     together = [job.records for job in co.jobs]
     for a, c in zip(alone, together, strict=True):  # each job trained exactly as alone
-        la = [x["loss"] for x in a if x["rank"] == 0]
-        lc = [x["loss"] for x in c if x["rank"] == 0]
-        assert max(abs(x - y) for x, y in zip(la, lc, strict=True)) <= 1e-5, (la, lc)
+        la = [x["loss"] for x in a if x["rank"] == 0 and x["loss"] is not None]
+        lc = [x["loss"] for x in c if x["rank"] == 0 and x["loss"] is not None]
+        assert max(abs(x - y) for x, y in zip(la, lc, strict=True)) <= tolerance, (la, lc)
     return {"alone": alone, "together": together, "seq_wall": seq_wall, "co_wall": co_wall,
             "load": os.getloadavg()[0], "summary": co.summary}  # fmt: skip
 
@@ -208,16 +262,59 @@ def report(name: str, runs: list[dict], plans: tuple[Plan, Plan], profile, bench
         print(f"| {i + 1} | {alone} | {together} | {extra} |")
 
 
+def main_real(args: argparse.Namespace) -> None:
+    """``--real`` / ``--device cuda``: the pairs with every compute real, nothing emulated (module
+    docstring), beside the co-simulation's prediction from a profile measured here."""
+    cuda = args.device == "cuda"
+    model = GPT_CUDA if cuda else GPT
+    n_blocks = 2 * model["config"]["layers"] + 2
+    t0 = time.time()
+    profile = measure_profile(model, micro_batches=(MICRO,), device=args.device, threads=1, repeat=5)
+    type_name = next(iter(profile.blocks[0].times))
+    compute = sum(b.times[type_name][MICRO].fwd + b.times[type_name][MICRO].bwd for b in profile.blocks)
+    bench = real_cluster(type_name)
+    pipe, dp = plans(("n0/0", "n0/1"), n_blocks)
+    pairs = {"dp+dp": (dp, dp), "pipe+dp": (pipe, dp)}
+    chosen = [p.strip() for p in args.pairs.split(",")]
+    extra = {"compute_device": "cuda", "accept_device_mismatch": True} if cuda else {}
+    options = tuple(TrainingOptions(seed=o.seed, lr=o.lr, **extra) for o in OPTIONS)
+    where = "one GPU shared by every rank (host-staged gloo)" if cuda else "this CPU, one thread per rank"
+    print(
+        f"\nREAL compute, nothing emulated: {where}; device type {type_name}; model {model['config']}; "
+        f"measured compute (fwd+bwd) per micro-batch of {MICRO}: {compute * 1e3:.2f} ms "
+        f"(profiled in {time.time() - t0:.1f} s)"
+    )
+    runs: dict[str, list[dict]] = {name: [] for name in chosen}
+    for r in range(args.rounds):
+        for name in chosen:
+            jobs = [(p, profile, bench) for p in pairs[name]]
+            run = run_pair(jobs, args.steps, options=options, emulate=False, tolerance=1e-4 if cuda else 1e-5)
+            runs[name].append(run)
+            print(f"\nround {r + 1}, {name}: one after the other {run['seq_wall']:.1f} s wall, together "
+                  f"{run['co_wall']:.1f} s wall (start-up included)\n{run['summary']}")  # fmt: skip
+    for name in chosen:
+        report(name, runs[name], pairs[name], profile, bench, args.steps)
+    print(f"\nload at end {tuple(round(x, 2) for x in os.getloadavg())}; total {time.time() - t0:.1f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=None, help="default 2 (1 with --device cuda)")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--pairs", default="dp+dp,pipe+dp", help="comma-separated: dp+dp, pipe+dp")
+    parser.add_argument("--pairs", default=None, help="comma-separated: dp+dp, pipe+dp (default both; cuda: pipe+dp)")
     parser.add_argument("--slowdown", type=float, default=16.0, help="the emulated devices' slowdown")
     parser.add_argument("--comm-ratio", type=float, default=1.0, help="a DP job's all-reduce over its step's compute")
+    parser.add_argument("--real", action="store_true", help="no emulation: every compute real (module docstring)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda implies --real")
     args = parser.parse_args()
     print(f"command: python benchmarks/bench_corun.py {' '.join(sys.argv[1:])}")
     print(f"load at start {tuple(round(x, 2) for x in os.getloadavg())}")
+    cuda = args.device == "cuda"
+    args.rounds = args.rounds if args.rounds is not None else (1 if cuda else 2)
+    args.pairs = args.pairs or ("pipe+dp" if cuda else "dp+dp,pipe+dp")
+    if args.real or cuda:
+        main_real(args)
+        return
     profile = measure_profile(GPT, micro_batches=(MICRO,), threads=1, repeat=5)
     compute = sum(t.fwd + t.bwd for b in profile.blocks for t in (b.times["cpu"][MICRO],))
     dp_compute = 2 * compute * args.slowdown  # two micro-batches of the whole model per device

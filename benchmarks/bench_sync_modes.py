@@ -134,10 +134,17 @@ def straggler(args: argparse.Namespace) -> None:
     # the simulator's view of the same job once the straggler has set in: n0/3 a 3x slower device
     measured_profile = measure_profile(GPT, micro_batches=(BATCH // 8,), threads=1, repeat=3)
     slow_cluster = _cluster(two_nodes=False, per_node=3, straggler=True)
-    runs, per_batch = {}, {}
-    for sync, options in MODES:
+    runs, per_batch, failed = {}, {}, {}
+    modes = [(sync, options) for sync, options in MODES if sync in args.modes.split(",") or sync == "allreduce"]
+    for sync, options in modes:
         plan = _plan(devices, sync, options)
-        records = _train(plan, cluster, profile, args.steps, [Straggler("n0/3", 3.0, 5)])
+        try:
+            records = _train(plan, cluster, profile, args.steps, [Straggler("n0/3", 3.0, 5)])
+        except Exception as exc:  # a mode that does not run: said in its row, the others still measured
+            if sync == "allreduce":
+                raise
+            failed[sync] = str(exc).splitlines()[0][:200]
+            continue
         runs[sync] = _job_curve(records)
         if sync == "allreduce":  # the target: the (global) loss allreduce has after step --target-step
             target = next(r["loss"] for r in records if r["step"] == args.target_step and r["rank"] == 0)
@@ -148,13 +155,22 @@ def straggler(args: argparse.Namespace) -> None:
           "| s per global batch, measured (steps 6+) | simulated |")  # fmt: skip
     print("|---|---|---:|---:|---:|---:|---:|")
     base = next(t for t, loss in runs["allreduce"] if loss <= target)
-    for sync, options in MODES:
+    for sync, options in modes:
+        if sync in failed:
+            print(f"| {sync} | - | failed: {failed[sync]} | - | - | - | - |")
+            continue
         hit = next((t for t, loss in runs[sync] if loss <= target), None)
         text = f"{hit:.2f}" if hit is not None else "not reached"
         ratio = f"{base / hit:.2f}x" if hit else "-"
         opts = ", ".join(f"{k} {v}" for k, v in options.items()) or "-"
         measured, predicted = per_batch[sync]
         print(f"| {sync} | {opts} | {text} | {ratio} | {runs[sync][-1][1]:.4f} | {measured:.3f} | {predicted:.3f} |")
+    # the seeds' headline: HetPipe reports WSP converging 49% faster than Horovod (all-reduce) on
+    # its heterogeneous cluster; the same comparison here, in "x% faster" (time saved over WSP's time)
+    wsp = next((t for t, loss in runs.get("wsp", []) if loss <= target), None)
+    if wsp:
+        print(f"\nwsp vs allreduce to the target: {base:.2f} s vs {wsp:.2f} s, {(base / wsp - 1) * 100:+.0f}% "
+              "(HetPipe reports +49% against Horovod on its cluster)")  # fmt: skip
 
 
 def _seconds_per_batch(records: list[dict], plan: Plan, *, after: int) -> float:
@@ -199,6 +215,9 @@ def main() -> None:
     parser.add_argument("what", choices=["straggler", "slowlink", "all"])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--target-step", type=int, default=20)
+    parser.add_argument(
+        "--modes", default=",".join(m for m, _ in MODES), help="straggler: the modes run (allreduce always)"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
     print(f"command: python benchmarks/bench_sync_modes.py {' '.join(sys.argv[1:])}; load {os.getloadavg()}")

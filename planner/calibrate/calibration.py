@@ -100,6 +100,9 @@ class Calibration:
     warnings: list[str]
     fitted_profile: ModelProfile | None = None  # the profile with the fitted compute factors
     fitted_raw_cluster: dict = field(default_factory=dict)  # the cluster mapping with the fitted links
+    #: per device type, the fitted catalog figures (``micro_batch_s``, ``overlap_slowdown``): a
+    #: catalog entry's fields, which the cluster mapping above does not carry
+    fitted_type_figures: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def identified(self) -> list[ParamFit]:
@@ -148,6 +151,8 @@ def _param_fits(
             reason = f"resolution {share:.2f}"
         elif j in dropped:
             reason = dropped[j]
+        elif j in fit.unused and p.kind in ("overhead", "overlap"):
+            reason = "no run log with a rank of this type's compute (and, for overlap, a collective beside it)"
         elif j in fit.unused:
             reason = "not used by any measured plan"
         else:
@@ -258,4 +263,5 @@ def calibrate(
         warnings=[w for o in observations for w in o.warnings],
         fitted_profile=fitted_profile,
         fitted_raw_cluster=model.build_raw_cluster(values),
+        fitted_type_figures=model.type_figures(values),
     )

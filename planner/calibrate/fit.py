@@ -46,6 +46,7 @@ __all__ = [
     "FitResult",
     "Problem",
     "identify",
+    "prior_weights",
     "resolution",
 ]
 
@@ -152,12 +153,20 @@ class Problem:
         return jac
 
 
-def resolution(jac: np.ndarray) -> np.ndarray:
-    """Per parameter, the share of its estimate set by the data: diag((J'J + LAMBDA^2 I)^-1 J'J)."""
+def resolution(jac: np.ndarray, lambdas: np.ndarray | None = None) -> np.ndarray:
+    """Per parameter, the share of its estimate set by the data: diag((J'J + diag(lambdas^2))^-1 J'J)
+    (``lambdas``: each column's prior weight, :func:`prior_weights`; default LAMBDA for all)."""
     if jac.shape[1] == 0:
         return np.zeros(0)
     info = jac.T @ jac
-    return np.diag(np.linalg.solve(info + LAMBDA**2 * np.eye(info.shape[0]), info)).copy()
+    weights = np.full(info.shape[0], LAMBDA) if lambdas is None else np.asarray(lambdas)
+    return np.diag(np.linalg.solve(info + np.diag(weights**2), info)).copy()
+
+
+def prior_weights(params: Sequence[Param], columns: Sequence[int]) -> np.ndarray:
+    """The prior row's weight of each of ``columns``: NOISE / the parameter's prior width (LAMBDA for
+    a stated figure; less for one the input lacks, whose start is only a scale)."""
+    return np.array([NOISE / (PRIOR_WIDTH * params[j].width) for j in columns])
 
 
 @dataclass
@@ -185,11 +194,12 @@ def solve(
         return theta, np.zeros((0, 0))
     bound = math.log(MAX_FACTOR)
     n_data = sum(1 for r in problem.rows if r.run in set(runs))
+    weights = prior_weights(problem.params, free)
 
     def fun(x: np.ndarray) -> np.ndarray:
         full = theta.copy()
         full[free] = x
-        return np.concatenate([problem.residuals(full, runs, free), LAMBDA * x])
+        return np.concatenate([problem.residuals(full, runs, free), weights * x])
 
     x0 = np.zeros(len(free)) if start is None else np.clip(start[free], -bound, bound)
     result = least_squares(
@@ -224,7 +234,7 @@ def identify(problem: Problem, candidates: list[int]) -> FitResult:
         theta, jac = solve(problem, free, runs, start=theta)
         if not free:
             return FitResult(theta, free, shares, unused, rounds)
-        share = resolution(jac)
+        share = resolution(jac, prior_weights(problem.params, free))
         for j, s in zip(free, share, strict=True):
             shares[j] = float(s)
         params = problem.params

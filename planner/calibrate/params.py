@@ -8,7 +8,11 @@ a value stays positive and ``theta = 0`` is the input:
 * ``bandwidth[LINK]`` and ``latency[LINK]`` of each link class: each node's own link
   (``node NAME``), the default ``network``, each ``group NAME`` and each pair override
   (``A<->B``);
-* ``collective_efficiency``: the cluster's all-reduce speed relative to the alpha-beta model.
+* ``collective_efficiency``: the cluster's all-reduce speed relative to the alpha-beta model;
+* ``overhead[TYPE]``: the type's fixed seconds per forward or backward call of a stage
+  (``DeviceType.micro_batch_s``; a type stating none starts at :data:`OVERHEAD_START`);
+* ``overlap[TYPE]``: the type's compute slowdown while a collective runs beside it, fitted as its
+  excess over 1 (``overlap_slowdown - 1``; a type stating none starts at :data:`OVERLAP_START`).
 
 :class:`Model` applies values the only way the output files can: it scales the profile's times
 and rewrites the cluster's raw mapping, then parses it as ``load_cluster`` would, so a fitted value
@@ -22,20 +26,40 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hetplan.contracts.catalog import Catalog
+from hetplan.contracts.catalog import Catalog, DeviceType
 from hetplan.contracts.cluster import Cluster, parse_cluster
 from hetplan.contracts.model_profile import Block, ModelProfile, Timing
 from hetplan.errors import HetplanError
 from hetplan.units import parse_bandwidth, parse_time
 
-__all__ = ["LATENCY_START", "Model", "Param", "block_kinds", "candidate_params", "timed_types"]
+__all__ = [
+    "LATENCY_START",
+    "OVERHEAD_START",
+    "OVERLAP_START",
+    "Model",
+    "Param",
+    "block_kinds",
+    "candidate_params",
+    "timed_types",
+    "with_type_figures",
+]
 
 #: A link stated with zero latency cannot be scaled in log space; a fitted one starts here instead.
 LATENCY_START = 1e-6
+#: Likewise a type without a per-call overhead starts at this fraction of its mean block forward
+#: time at one sample (a start far below what the data can see would leave the parameter's column of
+#: the Jacobian at noise level, and the fit would never move it), or at OVERHEAD_START seconds ...
+OVERHEAD_FRACTION = 0.1
+OVERHEAD_START = 1e-5
+#: ... and one without an overlap slowdown at this excess over 1.
+OVERLAP_START = 0.1
+#: Prior width (log space) of a per-type figure the input does not state: its start is a scale, not
+#: a belief, so the data may move it a factor e^4 (about 55) either way at little cost.
+UNSTATED_WIDTH = 4.0
 
 #: Order in which, of two equally unresolved parameters, one goes back to its prior first: a
 #: latency is the least likely to matter, a compute factor the most.
-_PRIORITY = {"latency": 0, "bandwidth": 1, "collective": 2, "compute": 3}
+_PRIORITY = {"latency": 0, "overlap": 1, "overhead": 2, "bandwidth": 3, "collective": 4, "compute": 5}
 
 
 @dataclass(frozen=True)
@@ -43,12 +67,19 @@ class Param:
     """One fitted quantity: ``value = ref * exp(theta)``; ``prior`` is the input file's value."""
 
     name: str
-    kind: str  # "compute", "bandwidth", "latency", "collective"
-    target: tuple[Any, ...]  # compute: (type, kind | None); link: ("node", i) / ("network",) / ("group", i) / ...
+    kind: str  # "compute", "bandwidth", "latency", "collective", "overhead", "overlap"
+    target: tuple[Any, ...]  # compute: (type, kind | None); link: ("node", i) / ("network",) / ...; type: (type,)
     prior: float
     ref: float
+    #: How far (in log space) the input value is believed: 1 (a factor e) for a stated figure; a
+    #: figure the input lacks (zero, started at ``ref``) is hardly believed at all (:data:`UNSTATED_WIDTH`).
+    width: float = 1.0
 
     def value(self, theta: float) -> float:
+        """The parameter's value at ``theta``: ``ref * exp(theta)``; for ``overlap`` that is the
+        excess over 1, so a slowdown never falls below 1 (no overlap speeds compute up)."""
+        if self.kind == "overlap":
+            return 1.0 + self.ref * math.exp(theta)
         return self.ref * math.exp(theta)
 
     @property
@@ -107,7 +138,53 @@ def candidate_params(
         params += _link_params(f"{a}<->{b}", ("override", i), pair)
     efficiency = cluster.collective_efficiency
     params.append(Param("collective_efficiency", "collective", ("collective",), efficiency, efficiency))
+    for name in timed_types(profile, cluster):
+        device_type = cluster.device_types[name]
+        micro = device_type.micro_batch_s
+        start = micro if micro > 0 else _overhead_start(profile, device_type)
+        width = 1.0 if micro > 0 else UNSTATED_WIDTH
+        params.append(Param(f"overhead[{name}]", "overhead", (name,), micro, start, width))
+        excess = device_type.overlap_slowdown - 1.0
+        ref, width = (excess, 1.0) if excess > 0 else (OVERLAP_START, UNSTATED_WIDTH)
+        params.append(Param(f"overlap[{name}]", "overlap", (name,), device_type.overlap_slowdown, ref, width))
     return params
+
+
+def _overhead_start(profile: ModelProfile, device_type: DeviceType) -> float:
+    """Where a per-call overhead the type does not state starts: :data:`OVERHEAD_FRACTION` of its
+    mean block forward at one sample (:data:`OVERHEAD_START` where the profile's times are zero)."""
+    times = [profile.block_time(i, device_type, 1)[0] for i in range(len(profile.blocks))]
+    mean = sum(times) / len(times) if times else 0.0
+    return OVERHEAD_FRACTION * mean if mean > 0 else OVERHEAD_START
+
+
+#: The :class:`DeviceType` field each per-type parameter kind sets.
+TYPE_FIELDS = {"overhead": "micro_batch_s", "overlap": "overlap_slowdown"}
+
+
+def with_type_figures(cluster: Cluster, figures: dict[str, dict[str, float]]) -> Cluster:
+    """``cluster`` with the device types of ``figures`` (name -> {field: value}) replaced, on every
+    device and in its catalog: the per-type figures a cluster file cannot state (they belong to the
+    catalog entry), applied after parsing."""
+    if not figures:
+        return cluster
+    replaced = {name: replace(t, **figures[name]) for name, t in cluster.device_types.items() if name in figures}
+    nodes = tuple(
+        replace(n, devices=tuple(replace(d, type=replaced.get(d.type.name, d.type)) for d in n.devices))
+        for n in cluster.nodes
+    )
+    return Cluster(
+        name=cluster.name,
+        nodes=nodes,
+        network=cluster.network,
+        groups=cluster.groups,
+        overrides=cluster.overrides,
+        catalog=cluster.catalog.with_types(replaced),
+        file=cluster.file,
+        description=cluster.description,
+        collective_efficiency=cluster.collective_efficiency,
+        calibrated=cluster.calibrated,
+    )
 
 
 def _scale_times(times: dict[int, Timing], factor: float, source: str | None) -> dict[int, Timing]:
@@ -185,7 +262,7 @@ class Model:
         """The cluster's raw mapping with each fitted link figure and the collective efficiency replaced."""
         raw = copy.deepcopy(self.raw_cluster)
         for p, v in values.items():
-            if p.kind == "compute":
+            if p.kind in ("compute", *TYPE_FIELDS):
                 continue
             if p.kind == "collective":
                 raw["collective_efficiency"] = v
@@ -206,4 +283,12 @@ class Model:
         """Profile and cluster for ``values`` (parameters not given keep their input values)."""
         raw = self.build_raw_cluster(values)
         cluster = parse_cluster(raw, file=self.cluster.file, catalog=self.catalog)
-        return self.build_profile(values), cluster
+        return self.build_profile(values), with_type_figures(cluster, self.type_figures(values))
+
+    def type_figures(self, values: dict[Param, float]) -> dict[str, dict[str, float]]:
+        """The per-type figures of ``values`` (overhead, overlap): type name -> {field: value}."""
+        figures: dict[str, dict[str, float]] = {}
+        for p, v in values.items():
+            if p.kind in TYPE_FIELDS:
+                figures.setdefault(p.target[0], {})[TYPE_FIELDS[p.kind]] = v
+        return figures

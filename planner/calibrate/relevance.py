@@ -10,7 +10,11 @@ What a run reads is found by asking the cluster, not by repeating its rules: a l
 parameter matters to a run when moving it changes any figure the simulator takes from the cluster
 for that plan (the link of each transfer, the network interface of each node it uses, the links and
 the efficiency of each gradient group's all-reduce). A compute parameter matters when the plan
-computes on its device type.
+computes on its device type; a per-call overhead (``overhead[TYPE]``) when the run's log gives the
+compute time of a rank of the type (iteration times alone cannot separate it from the rest, and a
+few of them fit noise with it); an overlap slowdown (``overlap[TYPE]``) when, besides, a device of
+the type issues a collective before its last backward ends (it holds a shared gradient group that
+stops above its stage's first block).
 """
 
 from __future__ import annotations
@@ -66,17 +70,38 @@ def relevance(model: Model, observations: list[Observation]) -> list[set[int]]:
     """For each run, the indices of the parameters its simulation reads."""
     out: list[set[int]] = [set() for _ in observations]
     types = [{model.cluster.device(a).type.name for a in obs.compiled.programs} for obs in observations]
+    # per-call overheads and overlap slowdowns are read only through per-rank compute times (run
+    # logs): an iteration time alone mixes them with links and bubbles, and a few such runs fit noise
+    logged = [{model.cluster.device(a).type.name for a, s in obs.compute_s.items() if s > 0} for obs in observations]
+    overlapped = [_overlapping_types(model.cluster, obs) & logged[i] for i, obs in enumerate(observations)]
     base = [_signature(model.cluster, obs) for obs in observations]
     for j, p in enumerate(model.params):
-        if p.kind == "compute":
+        if p.kind in ("compute", "overhead", "overlap"):
             for i in range(len(observations)):
-                if p.target[0] in types[i]:
+                seen = {"compute": types, "overhead": logged, "overlap": overlapped}[p.kind][i]
+                if p.target[0] in seen:
                     out[i].add(j)
             continue
         moved = _moved(model, p)
         for i, obs in enumerate(observations):
             if _signature(moved, obs) != base[i]:
                 out[i].add(j)
+    return out
+
+
+def _overlapping_types(cluster: Cluster, obs: Observation) -> set[str]:
+    """Device types of the plan whose collectives start before their device's last backward ends:
+    a device holding a gradient group of several devices that does not reach down to its stage's
+    first block (the simulator's overlap, :func:`hetplan.simulate.simulator.overlapped_span`)."""
+    programs = obs.compiled.programs
+    out: set[str] = set()
+    for g in obs.compiled.groups:
+        if len(g.devices) <= 1:
+            continue
+        for a in g.devices:
+            program = programs[a]
+            if min(b for b in g.blocks if program.start <= b < program.end) > program.start:
+                out.add(cluster.device(a).type.name)
     return out
 
 

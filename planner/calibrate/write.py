@@ -4,7 +4,8 @@
   factor(s) and marked ``source: calibrated``; the note under ``source.calibrated``.
 * ``cluster.yaml``: the input cluster's own mapping (its keys, order and unit strings kept) with
   the fitted link figures and ``collective_efficiency`` replaced, ``reserve: {TYPE: bytes}`` for the
-  types with measured peaks, and the note under ``calibrated``.
+  types with measured peaks, ``overheads: {TYPE: {micro_batch, overlap_slowdown}}`` for the types
+  whose per-call overhead or overlap slowdown was fitted, and the note under ``calibrated``.
 
 Both load with ``load_profile`` / ``load_cluster`` and are the same bytes for the same inputs: the
 note names inputs by file name and sha256 (not by path, which would differ between two output
@@ -108,8 +109,30 @@ def output_mappings(result: Calibration, note: dict[str, Any]) -> tuple[dict[str
         reserve[r.type] = int(r.reserve)
     if reserve:
         cluster_data["reserve"] = reserve
+    identified = {p.name for p in result.params if p.identified}
+    overheads = _overheads(result.fitted_type_figures, result.fitted_raw_cluster.get("overheads") or {}, identified)
+    if overheads:
+        cluster_data["overheads"] = overheads
     cluster_data["calibrated"] = note
     return profile_data, cluster_data
+
+
+#: The per-type figures calibration fits: ``DeviceType`` field -> (parameter kind, cluster file key).
+_OVERHEAD_KEYS = {"micro_batch_s": ("overhead", "micro_batch"), "overlap_slowdown": ("overlap", "overlap_slowdown")}
+
+
+def _overheads(fitted: dict[str, dict[str, float]], given: dict[str, Any], identified: set[str]) -> dict[str, Any]:
+    """``overheads: {TYPE: {micro_batch: seconds, overlap_slowdown: factor}}``: the input cluster's,
+    with each figure the measurements identified replaced (the cluster contract applies them over the
+    catalog's). A figure left at its prior is not written: the prior of a figure the catalog does
+    not state is a starting scale for the fit, not an estimate to plan with."""
+    out = {name: dict(v) for name, v in given.items()}
+    for name in sorted(fitted):
+        for field_name, value in fitted[name].items():
+            kind, key = _OVERHEAD_KEYS[field_name]
+            if f"{kind}[{name}]" in identified:
+                out.setdefault(name, {})[key] = round6(value)
+    return out
 
 
 def write_outputs(profile_data: dict[str, Any], cluster_data: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:

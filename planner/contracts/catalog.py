@@ -133,6 +133,15 @@ class DeviceType:
     #: USD per GPU-hour with its source and date (``price:`` in the catalog); None: not priced, so
     #: plans on it show no $/step (a cluster file's per-node ``price_per_hour`` overrides it).
     price: Price | None = None
+    #: Seconds every forward and every backward call of a stage costs on top of its blocks' times
+    #: (the module call, autograd's graph set-up, the schedule's bookkeeping): what makes micro-batches
+    #: of 1-2 samples slower than their kernels (``overhead: {micro_batch: 50us}``; docs/cost-model.md,
+    #: "Overheads"). Calibratable per type.
+    micro_batch_s: float = 0.0
+    #: Factor (>= 1) on compute time while a collective of the same device runs beside it: NCCL's
+    #: kernels take SMs and memory bandwidth (``overhead: {overlap_slowdown: 1.1}``; docs/cost-model.md,
+    #: "Overlap"). Calibratable per type.
+    overlap_slowdown: float = 1.0
 
     def math_dtype(self, dtype: str) -> str:
         """The dtype whose peak ``dtype`` math actually runs at here (``peak_flops``'s fallback)."""
@@ -202,6 +211,19 @@ def _fraction(f: Fields, value: object, key: str) -> float:
     return f.check_number(value, key, positive=True, maximum=1.0)
 
 
+def parse_overhead(f: Fields) -> tuple[float, float]:
+    """``overhead: {micro_batch: 50us, overlap_slowdown: 1.15, source: ...}``: each optional. Left
+    out: none (0 s, factor 1), the cost model as before these terms; docs/cost-model.md
+    ("Overheads", "Overlap") gives the estimates an entry may state, ``hetplan calibrate`` fits both."""
+    micro = f.time("micro_batch", 0.0)
+    slowdown = f.number("overlap_slowdown", 1.0, positive=True)
+    if slowdown < 1.0:
+        raise f.error(f"expected a factor >= 1 (overlap cannot speed compute up), got {slowdown:g}", "overlap_slowdown")
+    f.raw("source", None)  # a citation; kept in the file
+    f.done()
+    return micro, slowdown
+
+
 def _parse_efficiency(f: Fields) -> AchievedEfficiency:
     """``efficiency: {gemm: {dtype: fraction}, attention: f, memory: f, launch: 5us, sms: n}``."""
     gemm: dict[str, float] = {}
@@ -264,6 +286,9 @@ def parse_device_spec(name: str, f: Fields) -> DeviceType:
     device = replace(device, backends=_parse_backends(f, device.vendor))
     if f.has("price"):
         device = replace(device, price=parse_price(f.child("price")))
+    if f.has("overhead"):
+        micro, slowdown = parse_overhead(f.child("overhead"))
+        device = replace(device, micro_batch_s=micro, overlap_slowdown=slowdown)
     for dtype in device.efficiency.gemm if device.efficiency else ():
         if dtype != "fp32" and dtype not in device.peak:
             raise f.error(f"a gemm figure for {dtype}, which this type has no peak for", f"efficiency.gemm.{dtype}")

@@ -16,7 +16,14 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
-from hetplan.contracts.catalog import Catalog, DeviceType, load_catalog, parse_device_spec, parse_emulated
+from hetplan.contracts.catalog import (
+    Catalog,
+    DeviceType,
+    load_catalog,
+    parse_device_spec,
+    parse_emulated,
+    parse_overhead,
+)
 from hetplan.contracts.fields import Fields
 from hetplan.contracts.prices import parse_node_price
 from hetplan.contracts.yamlio import read_mapping, schema_of
@@ -337,6 +344,7 @@ def parse_cluster(data: dict, *, file: str | None = None, catalog: Catalog | Non
         o.done()
     network_f.done()
     nodes, inline = _apply_reserves(f, nodes, inline)
+    nodes, inline = _apply_overheads(f, nodes, inline)
     collective_efficiency = f.number("collective_efficiency", 1.0, positive=True, maximum=MAX_COLLECTIVE_EFFICIENCY)
     calibrated = f.raw("calibrated", {})
     if not isinstance(calibrated, dict):
@@ -378,6 +386,40 @@ def _apply_reserves(
                 f"expected a reserve below the type's memory ({device_type.memory:.0f} bytes)", f"reserve.{name}"
             )
         replaced[name] = replace(device_type, reserve=reserve)
+    nodes = [
+        replace(n, devices=tuple(replace(d, type=replaced.get(d.type.name, d.type)) for d in n.devices)) for n in nodes
+    ]
+    return nodes, {**inline, **replaced}
+
+
+def _apply_overheads(
+    f: Fields, nodes: list[Node], inline: dict[str, DeviceType]
+) -> tuple[list[Node], dict[str, DeviceType]]:
+    """``overheads: {TYPE: {micro_batch: 40us, overlap_slowdown: 1.2}}``: a device type's fixed cost per
+    forward or backward call and its compute slowdown under overlapping collectives, as measured on
+    this cluster (``hetplan calibrate`` writes them), in place of the catalog's for every device of
+    that type. Each figure is optional; one left out keeps the catalog's."""
+    given = f.mapping_items("overheads", [])
+    if not given:
+        return nodes, inline
+    present = {d.type.name: d.type for n in nodes for d in n.devices}
+    table = f.sub("overheads", f.raw("overheads"))
+    replaced: dict[str, DeviceType] = {}
+    for name, value in given:
+        if name not in present:
+            raise f.error(
+                f"no device of type {name!r} in this cluster (types: {', '.join(present)})", f"overheads.{name}"
+            )
+        if not isinstance(value, dict):
+            raise table.error("expected a mapping like {micro_batch: 40us, overlap_slowdown: 1.2}", name)
+        device_type = present[name]
+        entry = table.sub(name, value)
+        micro, slowdown = parse_overhead(entry)
+        replaced[name] = replace(
+            device_type,
+            micro_batch_s=micro if "micro_batch" in value else device_type.micro_batch_s,
+            overlap_slowdown=slowdown if "overlap_slowdown" in value else device_type.overlap_slowdown,
+        )
     nodes = [
         replace(n, devices=tuple(replace(d, type=replaced.get(d.type.name, d.type)) for d in n.devices)) for n in nodes
     ]

@@ -15,7 +15,7 @@ from hetplan.errors import HetplanError
 
 __all__ = ["FamilySpec", "config_error", "full_config"]
 
-CheckFn = Callable[[dict[str, int]], None]
+CheckFn = Callable[[dict[str, Any]], None]
 
 
 def config_error(key: str, reason: str) -> HetplanError:
@@ -24,10 +24,11 @@ def config_error(key: str, reason: str) -> HetplanError:
 
 
 def full_config(
-    name: str, defaults: Mapping[str, int], check: CheckFn, config: Mapping[str, Any] | None
-) -> dict[str, int]:
-    """``defaults`` overlaid with ``config``; unknown keys and non-positive integers are refused,
-    then the family's own rules (``check``) run."""
+    name: str, defaults: Mapping[str, Any], check: CheckFn, config: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """``defaults`` overlaid with ``config``; unknown keys and non-positive integers are refused
+    (a setting whose default is a string takes a name, checked by the family), then the family's
+    own rules (``check``) run."""
     if config is not None and not isinstance(config, Mapping):
         raise HetplanError(f"expected a mapping of settings, got {type(config).__name__}", field="config")
     out = dict(defaults)
@@ -36,6 +37,11 @@ def full_config(
             close = difflib.get_close_matches(str(key), list(defaults), n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise config_error(str(key), f"unknown setting for {name}{hint} (known: {', '.join(defaults)})")
+        if isinstance(defaults[key], str):  # a named choice (the family's check lists the choices)
+            if not isinstance(value, str):
+                raise config_error(key, f"expected a name, got {value!r}")
+            out[key] = value
+            continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise config_error(key, f"expected a positive integer, got {value!r}")
         if value <= 0:
@@ -50,9 +56,9 @@ class FamilySpec:
     """A model family's settings: defaults (the CLI's options), a help line, its rules."""
 
     name: str
-    defaults: dict[str, int]
+    defaults: dict[str, Any]
     help: str
     check: CheckFn
 
-    def full_config(self, config: Mapping[str, Any] | None = None) -> dict[str, int]:
+    def full_config(self, config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         return full_config(self.name, self.defaults, self.check, config)

@@ -1,8 +1,12 @@
-"""A user's model: a ``module:function`` that returns an ``nn.Sequential``, a list of blocks, or a
-:class:`~hetplan.models.spec.ModelSpec` (blocks with their own loss and samples, any dtype).
+"""A user's model: a ``module:function`` that returns an ``nn.Sequential``, a list of blocks, a
+:class:`~hetplan.models.spec.ModelSpec` (blocks with their own loss and samples, any dtype), or a
+plain ``nn.Module`` whose forward chains its children (a torchvision classifier), split into blocks
+by :mod:`hetplan.models.chain`.
 
     zoo = resolve_model({"factory": "user_models:build", "config": {"width": 16}, "input_shape": [8]})
     zoo.block_names()           # the Sequential's child names, or block0, block1, ...
+    zoo = resolve_model({"factory": "torchvision:resnet50", "config": {"num_classes": 10},
+                         "input_shape": [3, 64, 64]})   # torchvision.models.resnet50, split at its stages
 
 The factory is imported (from ``sys.path`` or the current directory) and called with ``**config``
 under a seeded RNG, once for a probe: the blocks are run in order on a batch of two random inputs
@@ -48,6 +52,7 @@ from hetplan.models.base import (
     derive_seed,
     sample_generator,
 )
+from hetplan.models.chain import is_plain_model, split_chain
 from hetplan.models.partial_build import build_on_meta, build_partially
 from hetplan.models.spec import ModelSpec, check_reduction, summed_loss
 
@@ -78,11 +83,17 @@ def _import(module_name: str) -> ModuleType:
             raise
 
 
+#: Short module names on the command line: ``torchvision:resnet50`` is ``torchvision.models:resnet50``.
+ALIASES = {"torchvision": "torchvision.models"}
+
+
 def load_factory(path: str) -> Callable[..., Any]:
-    """Import ``module:function``; every failure is a HetplanError at ``factory``."""
+    """Import ``module:function`` (``torchvision:NAME`` meaning ``torchvision.models:NAME``); every
+    failure is a HetplanError at ``factory``."""
     if not isinstance(path, str) or path.count(":") != 1 or not all(path.split(":")):
         raise HetplanError(f"expected a factory as 'package.module:function', got {path!r}", field="factory")
     module_name, attr = path.split(":")
+    module_name = ALIASES.get(module_name, module_name)
     try:
         module = _import(module_name)
     except Exception as exc:  # a user's module may fail to import in any way
@@ -119,15 +130,23 @@ def _tied_groups(blocks: list[nn.Module]) -> list[tuple[tuple[int, str], ...]]:
     return [tuple(members) for members in where.values() if len({b for b, _ in members}) > 1]
 
 
-def _items(built: Any) -> list[tuple[str, Any]]:
-    """A factory's result as ``(child name, block)`` pairs, as :meth:`FactoryModel._call` reads it."""
+def _items(built: Any, where: str) -> list[tuple[str, Any]]:
+    """A factory's result as ``(child name, block)`` pairs: a Sequential's children, a list's items,
+    or a plain module split at its chain of child calls (:mod:`hetplan.models.chain`; the names are
+    then paths in the model, and the blocks' keys its own)."""
     if isinstance(built, ModelSpec):
         built = built.blocks
     if isinstance(built, nn.Sequential):
         return list(built._modules.items())  # named_children() would drop a module used twice
     if isinstance(built, (list, tuple, nn.ModuleList)):
         return [(str(i), b) for i, b in enumerate(built)]
-    return []
+    if is_plain_model(built):
+        return split_chain(built, where=where)
+    raise HetplanError(
+        f"{where} returned a {type(built).__name__}; expected an nn.Module, an nn.Sequential, a list of "
+        "nn.Module or a hetplan.models.spec.ModelSpec",
+        field="factory",
+    )
 
 
 class RegressionTask:
@@ -275,7 +294,8 @@ class FactoryModel(TaskModel):
             except Exception:  # a factory that cannot run on meta: a real call
                 self._structure = self._call(0)[0]
         prefix = self._child_keys[index]
-        return self._canonical_keys(index, {key: f"{prefix}.{key}" for key in self._structure[index].state_dict()})
+        keys = self._structure[index].state_dict()
+        return self._canonical_keys(index, {key: f"{prefix}.{key}" if prefix else key for key in keys})
 
     def _invoke(self, seed: int) -> Any:
         """The factory's result, called with torch's RNG seeded from ``seed`` alone."""
@@ -297,7 +317,8 @@ class FactoryModel(TaskModel):
         elif keep is not None:
             try:
                 built = build_partially(
-                    lambda: self._invoke(seed), lambda b: [m for _, m in _items(b)][keep.start : keep.stop]
+                    lambda: self._invoke(seed),
+                    lambda b: [m for _, m in _items(b, self.factory)][keep.start : keep.stop],
                 )
             except Exception as exc:  # any failure: the full call (which says what is wrong)
                 self.built_whole = _first_line(exc)
@@ -307,16 +328,8 @@ class FactoryModel(TaskModel):
         if isinstance(built, ModelSpec):
             self.spec = built
             built = built.blocks
-        if isinstance(built, nn.Sequential):
-            items = list(built._modules.items())  # named_children() would drop a module used twice
-        elif isinstance(built, (list, tuple, nn.ModuleList)):
-            items = [(str(i), b) for i, b in enumerate(built)]
-        else:
-            raise HetplanError(
-                f"{self.factory} returned a {type(built).__name__}; expected an nn.Sequential, a list of "
-                "nn.Module or a hetplan.models.spec.ModelSpec",
-                field="factory",
-            )
+        items = _items(built, self.factory)
+        self.split = is_plain_model(built)  # the blocks' keys are the model's own
         if not items:
             raise HetplanError(f"{self.factory} returned no blocks", field="factory")
         for i, (_, block) in enumerate(items):
@@ -324,7 +337,8 @@ class FactoryModel(TaskModel):
                 raise HetplanError(
                     f"{self.factory}: block {i} is a {type(block).__name__}, not an nn.Module", field="factory"
                 )
-        self._child_keys = [key for key, _ in items]  # the factory's own names: its state_dict's prefixes
+        # the factory's own names: its state_dict's prefixes (none for a split model: keys are its own)
+        self._child_keys = ["" if self.split else key for key, _ in items]
         names = [f"block{i}" if key.isdigit() else key for i, (key, _) in enumerate(items)]
         if len(set(names)) != len(names):
             names = [f"block{i}" for i in range(len(items))]

@@ -11,8 +11,9 @@ matmuls, output projection, residual add), ``layerN.mlp`` (LayerNorm, Linear h->
 ``[B, seq, vocab]``. No dropout: a pipeline must reproduce a single-process run bit for bit, and
 dropout masks would depend on which rank drew them. Attention is written out (not
 ``scaled_dot_product_attention``) so that its FLOPs are counted the same on every backend and
-match the analytic 4·s²·h. Initialisation as GPT-2: N(0, 0.02), residual projections scaled by
-1/sqrt(2·layers), zero biases.
+match the analytic 4·s²·h; with the setting ``attention: fused`` the core is
+``scaled_dot_product_attention`` instead (FlashAttention-style: no s² tensor kept for backward).
+Initialisation as GPT-2: N(0, 0.02), residual projections scaled by 1/sqrt(2·layers), zero biases.
 
 The synthetic task: token sequences drawn from a fixed random "teacher" Markov chain over the
 vocabulary (each token has :data:`SUCCESSORS` possible next tokens, fixed by the seed), targets the
@@ -29,6 +30,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hetplan.errors import HetplanError
 from hetplan.models.base import ZooModel, _check_batch_size, derive_seed, uninitialised
 
 __all__ = ["SUCCESSORS", "Attention", "Embedding", "GptModel", "Head", "Mlp", "attention_core"]
@@ -61,11 +63,13 @@ class Embedding(nn.Module):
 
 
 class Attention(nn.Module):
-    """Pre-LN causal self-attention with its residual add."""
+    """Pre-LN causal self-attention with its residual add; ``fused``: the core is
+    ``scaled_dot_product_attention`` (no s² tensor kept), else written out."""
 
-    def __init__(self, hidden: int, heads: int, seq: int, layers: int) -> None:
+    def __init__(self, hidden: int, heads: int, seq: int, layers: int, *, fused: bool = False) -> None:
         super().__init__()
         self.heads = heads
+        self.fused = fused
         self.norm = nn.LayerNorm(hidden)
         self.qkv = uninitialised(nn.Linear, hidden, 3 * hidden)
         self.proj = uninitialised(nn.Linear, hidden, hidden)
@@ -78,9 +82,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
-        if self.recompute_core:
+        if self.recompute_core or self.fused:
             q, k, v = self.qkv(self.norm(x)).split(h, dim=-1)
-            return x + self.proj(attention_core(q, k, v, self.heads, self.mask[:t, :t], recompute=True))
+            y = attention_core(q, k, v, self.heads, self.mask[:t, :t], recompute=self.recompute_core, fused=self.fused)
+            return x + self.proj(y)
         # written inline (not through attention_core) so the scores stay alive to the end of the
         # forward as they always have: the measured peaks the memory walk is checked against
         # (tests/runtime/test_memory_measured.py) include them
@@ -95,12 +100,17 @@ class Attention(nn.Module):
         return x + self.proj(y.transpose(1, 2).reshape(b, t, h))
 
 
-def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, mask: torch.Tensor) -> torch.Tensor:
+def _core(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, mask: torch.Tensor, fused: bool = False
+) -> torch.Tensor:
     b, t, h = q.shape
     d = h // heads
     q = q.reshape(b, t, heads, d).transpose(1, 2)
     k = k.reshape(b, t, heads, d).transpose(1, 2)
     v = v.reshape(b, t, heads, d).transpose(1, 2)
+    if fused:  # FlashAttention-style kernel: keeps the logsumexp per row, recomputes the scores
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return y.transpose(1, 2).reshape(b, t, h)
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
     scores = scores.masked_fill(mask, float("-inf"))
     y = scores.softmax(dim=-1) @ v
@@ -108,18 +118,26 @@ def _core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, mask: t
 
 
 def attention_core(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, mask: torch.Tensor, *, recompute: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    heads: int,
+    mask: torch.Tensor,
+    *,
+    recompute: bool = False,
+    fused: bool = False,
 ) -> torch.Tensor:
     """Causal softmax attention of ``heads`` heads over ``[B, t, heads * d]`` inputs, written out.
 
     With ``recompute`` (selective recomputation, Megatron's): the scores, the softmax and their
     product with ``v`` are not kept for backward but recomputed from ``q, k, v`` there
     (``torch.utils.checkpoint``, non-reentrant, which replays the RNG state of a dropout too);
-    they are the s²-sized activations, the largest per FLOP.
+    they are the s²-sized activations, the largest per FLOP. With ``fused`` the core is
+    ``scaled_dot_product_attention`` (causal), which keeps no s² tensor.
     """
     if recompute and torch.is_grad_enabled():
-        return checkpoint(_core, q, k, v, heads, mask, use_reentrant=False)
-    return _core(q, k, v, heads, mask)
+        return checkpoint(_core, q, k, v, heads, mask, fused, use_reentrant=False)
+    return _core(q, k, v, heads, mask, fused)
 
 
 class Mlp(nn.Module):
@@ -154,7 +172,9 @@ class Head(nn.Module):
 class GptModel(ZooModel):
     """The zoo GPT for a full, checked config (keys as the analytic ``gpt`` family)."""
 
-    def __init__(self, config: dict[str, int]) -> None:
+    def __init__(self, config: dict) -> None:
+        if config.get("dropout") == "on":  # none here: a pipeline must reproduce a one-process run
+            raise HetplanError("the zoo GPT has no dropout; use dropout: off", field="config.dropout")
         self.config = dict(config)
         self._tables: dict[int, np.ndarray] = {}
         super().__init__({"family": "gpt", "config": dict(config)})
@@ -175,7 +195,7 @@ class GptModel(ZooModel):
         if index == self.n_blocks - 1:
             return Head(c["hidden"], c["vocab"])
         if index % 2 == 1:
-            return Attention(c["hidden"], c["heads"], c["seq"], c["layers"])
+            return Attention(c["hidden"], c["heads"], c["seq"], c["layers"], fused=c.get("attention") == "fused")
         return Mlp(c["hidden"], c["layers"])
 
     def teacher(self, seed: int) -> np.ndarray:

@@ -200,12 +200,13 @@ class TpAttention(nn.Module):
             self.proj.bias.copy_(full.proj.bias)
         self.register_buffer("mask", full.mask, persistent=False)
         self.recompute_core = False
+        self.fused = full.fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _, t, _ = x.shape
         local = self.qkv.out_features // 3
         q, k, v = self.qkv(copy_to_group(self.norm(x), self.group)).split(local, dim=-1)
-        y = attention_core(q, k, v, self.heads, self.mask[:t, :t], recompute=self.recompute_core)
+        y = attention_core(q, k, v, self.heads, self.mask[:t, :t], recompute=self.recompute_core, fused=self.fused)
         return x + (reduce_from_group(F.linear(y, self.proj.weight), self.group) + self.proj.bias)
 
 

@@ -621,6 +621,30 @@ def load_checkpoint(
     return manifest
 
 
+# -- top-k's error-feedback residuals (per device: each holder keeps its own) ----------------------------
+
+#: The key prefix of a device's top-k residuals: ``topk-residual/<device address>/<name>``.
+RESIDUAL = "topk-residual"
+
+
+def residual_state(address: str, residuals: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A device's top-k residuals (:meth:`hetplan.runtime.topk.TopK.state_dict`) as checkpoint keys.
+
+    Every holder saves its own (the residuals differ between holders, unlike the weights), so the
+    keys carry the device's address and are disjoint across ranks."""
+    return {f"{RESIDUAL}/{address}/{name}": t.detach().cpu() for name, t in residuals.items()}
+
+
+def load_residuals(root: str | Path, address: str, *, step: int | None = None) -> dict[str, torch.Tensor]:
+    """The top-k residuals a checkpoint holds for ``address`` (empty when it holds none: a run saved
+    under all-reduce, or by another plan's devices, resumes with zero residuals)."""
+    manifest = read_manifest(resolve_checkpoint(root, step))
+    metadata = _read_index(manifest)
+    prefix = f"{RESIDUAL}/{address}/"
+    keys = sorted(k for k in metadata.state_dict_metadata if k.startswith(prefix))
+    return {k[len(prefix) :]: v for k, v in _load_keys(manifest, metadata, keys).items()}
+
+
 def _mine(block: nn.Module, pname: str, full: torch.Tensor) -> torch.Tensor:
     """A member's shard of a full saved tensor of parameter ``pname`` (the tensor itself when the
     block is not tensor-parallel, the parameter replicated, or the tensor not of its shape)."""

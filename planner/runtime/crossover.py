@@ -47,7 +47,15 @@ share per job.
 job (each with torchrun's standalone rendezvous on a free port of its own) and watches them all;
 each keeps its own fault messages and stall detection. When one job fails, the others are stopped
 at once, and the error has one line per job: the failed job's own message, and for each other job
-how far it got.
+how far it got. Both jobs' run logs are written with the steps done so far, as
+:func:`~hetplan.runtime.launcher.launch_local` writes one job's.
+
+**Signals.** SIGTERM, SIGINT and SIGHUP to the launching process (``hetplan launch a.yaml b.yaml``)
+are noted (:class:`~hetplan.runtime.interrupt.StopSignals`, set before the first agent starts), and
+the watch loop, between two polls, stops every rank of both jobs, writes both run logs so far and
+raises :class:`~hetplan.runtime.interrupt.InterruptedRunError` (exit code 128 + the signal) with one
+line naming each job's steps and log. Without it a ``kill`` ended the command at once while both
+agents, in sessions of their own, kept training.
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ from urllib.parse import quote, unquote
 
 from hetplan.contracts.rank_config import Crossover, load_rank_config
 from hetplan.errors import HetplanError
+from hetplan.runtime.interrupt import InterruptedRunError, StopSignals
 
 if TYPE_CHECKING:
     from hetplan.runtime.launcher import LaunchResult, LocalRun
@@ -234,41 +243,78 @@ def launch_together(
     for path in configs:  # every file checked before any job starts
         load_rank_config(path)
     runs: list[LocalRun] = []
-    try:
-        for i, path in enumerate(configs):
-            runs.append(
-                LocalRun(
-                    path,
-                    steps=steps,
-                    emulate=emulate,
-                    save=saves_[i],
-                    save_every=save_every,
-                    keep_last=keep_last,
-                    resume=resumes_[i],
-                    resume_step=resume_step,
-                    threads=threads,
-                    progress=report(i),
-                    run_dir=dirs_[i],
-                    stall_s=stall_s,
-                    kill_rank_after=kill_rank_after[1:] if kill_rank_after and kill_rank_after[0] == i else None,
-                    kill_signal=kill_signal,
+    # from before the first agent starts, as launch_local: no moment where a signal orphans a job
+    with StopSignals() as signals:
+        try:
+            for i, path in enumerate(configs):
+                if signals.received is not None:  # a signal while the jobs start: start no more
+                    break
+                runs.append(
+                    LocalRun(
+                        path,
+                        steps=steps,
+                        emulate=emulate,
+                        save=saves_[i],
+                        save_every=save_every,
+                        keep_last=keep_last,
+                        resume=resumes_[i],
+                        resume_step=resume_step,
+                        threads=threads,
+                        progress=report(i),
+                        run_dir=dirs_[i],
+                        stall_s=stall_s,
+                        kill_rank_after=kill_rank_after[1:] if kill_rank_after and kill_rank_after[0] == i else None,
+                        kill_signal=kill_signal,
+                    )
                 )
+            done = [False] * n
+            while signals.received is None and not all(done):
+                for i, run in enumerate(runs):
+                    if done[i]:
+                        continue
+                    try:
+                        done[i] = run.poll()
+                    except HetplanError as exc:
+                        message = _stopped_together(runs, names, done, i, exc)
+                        for other in runs:
+                            other.stop()
+                        _collect_so_far(runs, logs_)  # each job's steps so far, as launch_local writes them
+                        raise HetplanError(message) from None
+                if not all(done):
+                    time.sleep(POLL_S)
+        finally:
+            for run in runs:
+                run.stop()
+        if signals.received is not None:
+            steps_done = _collect_so_far(runs, logs_)
+            raise InterruptedRunError(
+                f"stopped by {signals.name}; every rank of every job has ended; "
+                + "; ".join(_interrupted_line(names[i], steps_done, logs_[i], runs, i, steps) for i in range(n)),
+                signum=signals.received,
             )
-        done = [False] * n
-        while not all(done):
-            for i, run in enumerate(runs):
-                if done[i]:
-                    continue
-                try:
-                    done[i] = run.poll()
-                except HetplanError as exc:
-                    raise HetplanError(_stopped_together(runs, names, done, i, exc)) from None
-            if not all(done):
-                time.sleep(POLL_S)
-    finally:
-        for run in runs:
-            run.stop()
     return [run.collect(log) for run, log in zip(runs, logs_, strict=True)]
+
+
+def _collect_so_far(runs: list[LocalRun], logs: list[str | Path | None]) -> list[int]:
+    """Write each started job's run log with the steps done so far (its rank logs kept: they are
+    where to look); each job's number of steps every rank finished."""
+    done = []
+    for run, log in zip(runs, logs, strict=False):
+        result = run.collect(log, keep=True)
+        done.append(sum(1 for r in result.records if r["rank"] == 0))  # rank 0's steps, as launch_local counts
+    return done
+
+
+def _interrupted_line(
+    name: str, steps_done: list[int], log: str | Path | None, runs: list[LocalRun], i: int, steps: int
+) -> str:
+    """``job a: 3 of 20 steps, run log so far: a.jsonl (rank logs: ...)``; a job not yet started says so."""
+    if i >= len(runs):
+        return f"job {name}: not started"
+    text = f"job {name}: {steps_done[i]} of {steps} steps"
+    if log:
+        text += f", run log so far: {log}"
+    return text + f" (rank logs: {runs[i].work})"
 
 
 def _stopped_together(runs: list[LocalRun], names: list[str], done: list[bool], failed: int, exc: HetplanError) -> str:

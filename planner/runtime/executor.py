@@ -45,6 +45,7 @@ pacing sleeps run without it, so the other job computes meanwhile. The wait for 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,8 +59,9 @@ from hetplan.errors import HetplanError
 from hetplan.models import resolve_model
 from hetplan.models.gpt_tp import shard_specs
 from hetplan.models.plan_tp import shard_model_block
+from hetplan.runtime.adasum_step import ADAPTIVE, AdasumOptStep
 from hetplan.runtime.central import DECENTRALISED, device_transfer_group, gradient_process_groups, mode_groups
-from hetplan.runtime.comm import RankFailureError, tag_of, wait
+from hetplan.runtime.comm import RankFailureError, failure_text, tag_of, wait
 from hetplan.runtime.crossover import DeviceTurn
 from hetplan.runtime.data import micro_offsets, open_samples, pipeline_offsets
 from hetplan.runtime.device import make_ops
@@ -72,16 +74,30 @@ from hetplan.runtime.parallel.tied import TiedParams, check_tied_plan
 from hetplan.runtime.param_server import PsClient
 from hetplan.runtime.precision import TORCH_DTYPES, Precision, run_blocks
 from hetplan.runtime.recompute import recomputed
-from hetplan.runtime.tensor_parallel import tensor_parallel_group
+from hetplan.runtime.tensor_parallel import gather_boundary, tensor_parallel_group
 from hetplan.runtime.wave_sync import GroupAverage, WaveSync
 from hetplan.runtime.weights.materialise import build_rank_blocks
 from hetplan.runtime.zero import Zero1Group
 from hetplan.schedule.actions import Action, Kind
-from hetplan.schedule.compile import CompiledPlan
+from hetplan.schedule.boundary import piece, splits
+from hetplan.schedule.compile import CompiledPlan, DeviceProgram
 
 __all__ = ["RankExecutor", "StepStats"]
 
 _TRANSFERS = (Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD)
+
+#: A test hook: ``RANK:STEP`` makes that rank, if it is a last stage, multiply its loss by inf in the
+#: backward of that step (the logged loss stays finite): a gradient overflow, as fp16 tests need one.
+OVERFLOW_ENV = "HETPLAN_TEST_OVERFLOW"
+
+
+def _forced_overflow_step(rank: int) -> int | None:
+    """The step :data:`OVERFLOW_ENV` forces an overflow at on ``rank`` (None: none)."""
+    value = os.environ.get(OVERFLOW_ENV, "")
+    if not value:
+        return None
+    target, _, at = value.partition(":")
+    return int(at) if int(target) == rank else None
 
 
 @dataclass
@@ -163,6 +179,7 @@ class RankExecutor:
         self.device = device
         self.ops = make_ops(device)  # events, settling, peak memory: CUDA or its CPU stand-in
         self.program = compiled.programs[address]
+        self.programs = compiled.programs  # peers' shares: transfers into a TP group are split (schedule/boundary.py)
         self.actions: list[Action] = self.program.actions
         self.zoo = resolve_model(config.model)
         self.names = self.zoo.block_names()
@@ -256,7 +273,10 @@ class RankExecutor:
         # (wsp has no groups; sdpipe's are inside a pipeline, summed by an all-reduce)
         combine = plan.sync if plan.sync in ("topk", "adasum") else "allreduce"
         self.group_sync = make_group_sync(
-            combine, ratio=float(plan.sync_option("ratio")) if combine == "topk" else 1.0, layouts=layouts
+            combine,
+            ratio=float(plan.sync_option("ratio")) if combine == "topk" else 1.0,
+            layouts=layouts,
+            deltas=combine == "adasum" and config.optimizer in ADAPTIVE,  # Adasum of the parameter changes
         )
         # ZeRO-1 (plan zero: 1): each shared group's optimizer state and fp32 master sharded over its
         # holders (hetplan.runtime.zero), made once every process group exists, in group order (each
@@ -364,6 +384,12 @@ class RankExecutor:
         self._done: set[int] = set()
         self._hook_comm_cpu = 0.0  # CPU seconds the hooks spent issuing all-reduces during a compute
         self._final_backward = False
+        # topk, adasum under fp16: a rank's non-finite gradient is kept out of what it sends (and counted)
+        self._sent_nonfinite = 0
+        self._unscale_sent = plan.sync in ("topk", "adasum") and self.precision.scaler.enabled
+        self._forced_overflow = _forced_overflow_step(rank_of[address])
+        # adasum with momentum/adam/adamw: its own OPT (hetplan.runtime.adasum_step); None otherwise
+        self.adasum_step = AdasumOptStep.create(self, rank_of)
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)
 
@@ -412,9 +438,22 @@ class RankExecutor:
                     g = p.grad = torch.zeros_like(p)
                 grads.append(g)
             flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(1, device=self.device)
+            flat = self._outgoing(flat)
             pending = self.group_sync.issue(gid, flat, pg, timeout_s=self.config.timeout_s)
             self._issued[gid] = (pending, flat, grads)
             self._issued_at[gid] = time.perf_counter()
+
+    def _outgoing(self, flat: torch.Tensor) -> torch.Tensor:
+        """What a group's combine sends (topk, adasum under fp16): unscaled, so that a residual or an
+        Adasum ratio never mixes loss scales, and finite: a non-finite value is sent as 0 and counted
+        (the step's job-wide count then skips the step on every rank). Else ``flat`` as it is."""
+        if not self._unscale_sent:
+            return flat
+        bad = ~torch.isfinite(flat)
+        if bool(bad.any()):
+            self._sent_nonfinite = 1
+            flat = flat.masked_fill(bad, 0.0)
+        return flat.mul_(1.0 / self.precision.scaler.scale)  # a power of two: exact
 
     def _complete(self, gid: int, where) -> None:
         """Wait for one group's all-reduce and put the summed gradients back in place."""
@@ -428,6 +467,8 @@ class RankExecutor:
             return
         work.what = where(f"AR{gid}")
         flat = self.group_sync.complete(work)  # the combined gradient (the sum, for an all-reduce)
+        if self._unscale_sent:  # back to the loss scale every other gradient of the rank carries
+            flat = flat * self.precision.scaler.scale
         if self.pacer.enabled:  # an emulated slow link: the collective lasts what its bytes need
             devices = self._group_devices[gid]
             kind, nbytes = self.group_sync.wire(flat, len(devices))
@@ -489,7 +530,9 @@ class RankExecutor:
             return fn()
         stats.wait_s += turn.acquire()
         try:
-            return fn()
+            out = fn()
+            self.ops.settle()  # the step's kernels done before the other job's rank takes the device
+            return out
         finally:
             turn.release()
 
@@ -528,6 +571,8 @@ class RankExecutor:
             if kind is Kind.FORWARD:
                 micro = a.micro
                 inputs, targets = rows.rows(*self._samples(micro)) if rows is not None else (None, None)
+                if not self.first and splits(self.program):  # the TP group's chunks, gathered
+                    self._gather_boundary(x_in[micro], stats, where)
                 x = inputs.to(self.device) if self.first else x_in[micro].requires_grad_(True)
                 target = targets.to(self.device) if self.last else None
 
@@ -541,11 +586,16 @@ class RankExecutor:
                 self._compute(forward, stats)
             elif kind is Kind.BACKWARD:
                 micro = a.micro
+                if not self.last and splits(self.program):  # the TP group's gradient chunks, gathered
+                    self._gather_boundary(grad_out[micro], stats, where)
                 self._final_backward = i == self.last_backward
 
                 def backward(micro=micro) -> None:
                     if self.last:
-                        precision.scale(losses[micro]).backward()
+                        loss = precision.scale(losses[micro])
+                        if self._forced_overflow == step:  # the test hook (OVERFLOW_ENV)
+                            loss = loss * float("inf")
+                        loss.backward()
                     else:
                         y_out[micro].backward(grad_out.pop(micro))
                     y_out.pop(micro)  # its consumer (this backward) has run
@@ -604,13 +654,20 @@ class RankExecutor:
         return torch.cat([t.detach().float().reshape(-1) for t in held])
 
     def _decentralised_step(self, step: int, stats: StepStats, where) -> None:
-        """``OPT`` of wsp and sdpipe: the loss and norm inside the pipeline only (no job-wide
-        collective), then the wave's push and pull (wsp: the server steps) or a local step and the
-        round's group average (sdpipe)."""
+        """``OPT`` of wsp and sdpipe: the loss, the overflow count and the norm inside the pipeline
+        only (no job-wide collective), then a local update and the wave's push and pull (wsp) or a
+        local step and the round's group average (sdpipe).
+
+        Under fp16 every device of the pipeline learns whether any of its gradients overflowed (their
+        updates depend on one backward); an overflowed step updates nothing there and backs the
+        scaler off. What leaves the device is unscaled (the wave's gradient; sdpipe's weights)."""
         cfg = self.config
+        precision = self.precision
         pipe = cfg.plan.pipelines[self.program.pipeline]
-        sq = self.precision.grad_sq_sum(self.norm_params).to(self.device)
-        total = torch.cat([torch.tensor([stats.loss_sum], dtype=torch.float64, device=self.device), sq.reshape(1)])
+        scale = precision.scaler.scale  # the scale this step's gradients carry (fp16), before any update
+        sq = precision.grad_sq_sum(self.norm_params).to(self.device)
+        head = [stats.loss_sum, float(precision.nonfinite())]
+        total = torch.cat([torch.tensor(head, dtype=torch.float64, device=self.device), sq.reshape(1)])
         if self.pipe_group is not None:
             wait(
                 dist.all_reduce(total, group=self.pipe_group, async_op=True),
@@ -623,33 +680,65 @@ class RankExecutor:
                 f"rank {dist.get_rank()} ({self.address}) step {step}: the loss is {stats.loss_sum} (not finite); "
                 f"sync {cfg.plan.sync} cannot skip a step on every pipeline together, so the run stops"
             )
+        overflow = int(total[1])
         # the gradients are weighted by samples / global batch: x B / b is the pipeline's mean gradient
         to_mean = cfg.global_batch / pipe.batch
-        norm = math.sqrt(float(total[1])) * to_mean
+        norm = math.sqrt(float(total[2])) * to_mean / scale
         if self.wave_sync is not None:
-            grads = [self.precision.grad_of(p) for p in self.params]
-            flat = torch.cat([(g if g is not None else torch.zeros_like(p)).float().reshape(-1)
-                              for g, p in zip(grads, self.params, strict=True)])  # fmt: skip
-            exchanging = time.perf_counter()
-            pulled = self.wave_sync.after_step(step, flat)
-            if pulled is not None:
-                # an emulated slow path to the server: the wave's push and pull last what the
-                # simulator charges (every device's bytes through the central process's link)
-                floor = self.pacer.central_exchange_floor(list(self.rank_of), self.wave_sync.client.total_bytes)
-                self.pacer.pad(exchanging, floor)
-                self._load_flat(pulled.to(self.device))
-            self.precision.zero_grad()
-            stats.log = {"lr": self.lr_schedule.lr_at(step // self.wave_sync.wave)}  # the server clips
-            if self.wave_sync.log and pulled is not None:
-                stats.log["wave"] = dict(self.wave_sync.log[-1])
+            self._wave_step(step, stats, overflow=overflow, scale=scale)
             return
         assert self.group_average is not None
-        coef = clip_coefficient(norm, cfg.clip_grad_norm) * to_mean
+        coef = (clip_coefficient(norm, cfg.clip_grad_norm) if overflow == 0 else 1.0) * to_mean
         lr = self.lr_schedule.lr_at(step)
-        self.precision.set_lr(lr)
-        self._holding_turn(lambda: self.precision.step(nonfinite_anywhere=0, clip_coef=coef), stats)
+        precision.set_lr(lr)
+        stats.skipped = not self._holding_turn(
+            lambda: precision.step(nonfinite_anywhere=overflow, clip_coef=coef), stats
+        )
         self._load_flat(self.group_average.after_step(step, self._flat_weights()))
-        stats.log = {"lr": lr, "grad_norm": norm, "group": list(self.group_average.log[-1])}
+        stats.log = {
+            "lr": lr,
+            "grad_norm": norm if math.isfinite(norm) else None,
+            "group": list(self.group_average.log[-1]),
+        }
+
+    def _wave_step(self, step: int, stats: StepStats, *, overflow: int, scale: float) -> None:
+        """wsp's ``OPT``: the local update and, at a wave's end, the push and pull (the server steps).
+
+        The local update is SGD on this device's mean gradient (its samples' share of the global
+        batch: ``B / n`` x the gradient as weighted for the all-reduce)."""
+        assert self.wave_sync is not None
+        cfg = self.config
+        precision = self.precision
+        flat = None
+        if overflow == 0:
+            grads = [precision.grad_of(p) for p in self.params]
+            flat = torch.cat([(g if g is not None else torch.zeros_like(p)).float().reshape(-1)
+                              for g, p in zip(grads, self.params, strict=True)])  # fmt: skip
+            if precision.scaler.enabled:
+                flat.mul_(1.0 / scale)  # unscaled before it leaves the device (a power of two: exact)
+        samples = sum(self.program.counts)  # this device's samples per step
+        exchanging = time.perf_counter()
+        out = self.wave_sync.after_step(
+            step,
+            self._flat_weights(),
+            flat,
+            lr=self.lr_schedule.lr_at(step),
+            to_mean=cfg.global_batch / max(1, samples),
+        )
+        if out.pulled:
+            # an emulated slow path to the server: the wave's push and pull last what the
+            # simulator charges (every device's bytes through the central process's link)
+            floor = self.pacer.central_exchange_floor(list(self.rank_of), self.wave_sync.client.total_bytes)
+            self.pacer.pad(exchanging, floor)
+        self._load_flat(out.weights)
+        precision.zero_grad()
+        precision.scaler.update(finite=overflow == 0)  # this pipeline's overflow: the same on its devices
+        for _ in range(out.backoff):  # clocks the server skipped for other workers' overflows
+            precision.scaler.update(finite=False)
+        stats.skipped = overflow > 0 or out.skipped
+        stats.log = {"lr": self.lr_schedule.lr_at(step // self.wave_sync.wave)}  # the server's, which clips
+        if out.pulled and self.wave_sync.log:
+            stats.log["wave"] = dict(self.wave_sync.log[-1])
 
     def close(self) -> None:
         """Tell the central role this device is done (wsp, sdpipe); let go of the device's turn file."""
@@ -662,6 +751,9 @@ class RankExecutor:
     def _step(self, step: int, stats: StepStats, where) -> None:
         """``OPT``: one all-reduce of [loss, overflow count, squared gradient norm] over the job (on the
         rank's device), then clip by the global norm, set the step's learning rate and step."""
+        if self.adasum_step is not None:  # each pipeline steps, then the Adasum of the changes
+            self.adasum_step.run(self, step, stats, where)
+            return
         if self.config.plan.sync in DECENTRALISED:
             self._decentralised_step(step, stats, where)
             return
@@ -670,7 +762,8 @@ class RankExecutor:
         scale = precision.scaler.scale  # the scale this step's gradients carry (fp16), before any update
         # every member of a tensor-parallel last stage computes the same loss: shard 0 reports it
         loss = stats.loss_sum if self.tp is None or self.tp.rank == 0 else 0.0
-        nonfinite = precision.nonfinite()
+        nonfinite = precision.nonfinite() + self._sent_nonfinite
+        self._sent_nonfinite = 0
         sq = precision.grad_sq_sum(self.norm_params).to(self.device)
         for gid, z in self.zero.items():  # every holder adds its shard's part
             if precision.scaler.enabled:
@@ -704,6 +797,8 @@ class RankExecutor:
         stats.skipped = not self._holding_turn(
             lambda: precision.step(nonfinite_anywhere=overflow, clip_coef=coef), stats
         )
+        if hasattr(self.group_sync, "step_done"):  # top-k: a step skipped everywhere gives its residuals back
+            self.group_sync.step_done(skipped=stats.skipped)
         stats.log = {"lr": lr, "grad_norm": norm if math.isfinite(norm) else None}
         if cfg.clip_grad_norm is not None:
             stats.log["clipped"] = coef < 1.0
@@ -733,10 +828,20 @@ class RankExecutor:
                 )
         return total
 
+    def _gather_boundary(self, buffer: torch.Tensor, stats: StepStats, where) -> None:
+        """All-gather a split boundary buffer inside the TP group (schedule/boundary.py)."""
+        t0 = time.perf_counter()
+        try:
+            gather_boundary(buffer, self.tp)
+        except RuntimeError as exc:
+            raise RankFailureError(f"{where('the boundary all-gather')}: {failure_text(exc)}") from None
+        stats.comm_s += time.perf_counter() - t0
+
     def _post_batch(self, batch, x_in, y_out, grad_out, in_flight_sends, stats: StepStats, where) -> None:
         """Post one batch of transfers together; wait for it if it receives anything."""
         ops: list[dist.P2POp] = []
         keep: list[torch.Tensor] = []
+        received: list[tuple[str, int]] = []  # (peer, bytes) of each receive
         receives = False
         for a in batch:
             micro = a.micro
@@ -750,16 +855,20 @@ class RankExecutor:
                     shape, dtype = (self.out_shape, self.out_dtype) if grad else (self.in_shape, self.in_dtype)
                     count = self.program.counts[micro]
                     table[micro] = torch.empty((count, *shape), dtype=dtype, device=self.device)
-                ops.append(
-                    dist.P2POp(
-                        dist.irecv, table[micro][lo : lo + n], peer, group=self.transfer_group, tag=tag_of(micro, grad)
-                    )
-                )
+                target = _split_part(table[micro], a, self.program, self.program)
+                target = table[micro][lo : lo + n] if target is None else target
+                if target.numel() == 0:  # a split transfer with no part in this member's chunk
+                    continue
+                ops.append(dist.P2POp(dist.irecv, target, peer, group=self.transfer_group, tag=tag_of(micro, grad)))
+                received.append((a.peer, target.numel() * target.element_size()))
                 receives = True
             else:
                 grad = a.kind is Kind.SEND_GRAD
                 source = x_in[micro].grad if grad else y_out[micro]
-                piece = source[lo : lo + n].detach()
+                piece = _split_part(source.detach(), a, self.program, self.programs[a.peer])
+                piece = source[lo : lo + n].detach() if piece is None else piece
+                if piece.numel() == 0:
+                    continue
                 if not piece.is_contiguous():
                     piece = piece.contiguous()
                 keep.append(piece)
@@ -769,17 +878,14 @@ class RankExecutor:
             if a.kind is Kind.SEND_GRAD:
                 x_in.pop(a.micro, None)
         what = where(" ".join(str(a) for a in batch))
+        if not ops:  # every transfer of the batch was a split piece of nothing (batch_isend_irecv refuses [])
+            return
         posted = time.perf_counter()
         works = dist.batch_isend_irecv(ops)
         if receives:
             for work in works:
                 wait(work, timeout_s=self.config.timeout_s, what=what)
             # an emulated slow link: the batch's receives last at least what their bytes need on it
-            received = [
-                (a.peer, (a.hi - a.lo) * _row_bytes(self, a.kind is Kind.RECV_GRAD))
-                for a in batch
-                if a.kind is Kind.RECV_ACT or a.kind is Kind.RECV_GRAD
-            ]
             self.pacer.pad(posted, self.pacer.p2p_floor(received))
             stats.wait_s += time.perf_counter() - posted
         else:
@@ -788,7 +894,13 @@ class RankExecutor:
         in_flight_sends[:] = [s for s in in_flight_sends if not s[0].is_completed()]
 
 
-def _row_bytes(executor: RankExecutor, grad: bool) -> int:
-    """Bytes of one sample of a boundary tensor: an input activation, or an output's gradient."""
-    shape, dtype = (executor.out_shape, executor.out_dtype) if grad else (executor.in_shape, executor.in_dtype)
-    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+def _split_part(buffer: torch.Tensor, a: Action, owner: DeviceProgram, receiver: DeviceProgram) -> torch.Tensor | None:
+    """The flat part of ``owner``'s boundary ``buffer`` that transfer ``a`` carries where transfers
+    into ``receiver`` are split (:func:`hetplan.schedule.boundary.piece`; may be empty), else None."""
+    if not splits(receiver):
+        return None
+    row = math.prod(buffer.shape[1:])
+    base = owner.offsets[a.micro] * row
+    lo, hi = piece(a.lo, a.hi, row, receiver, a.micro)
+    flat = buffer.reshape(-1)
+    return flat[lo - base : max(lo, hi) - base]

@@ -12,25 +12,26 @@ batch's mean gradient. The modes differ only in how they combine:
 * ``topk``: each holder sends the ``k`` largest entries of its contribution plus its residual
   (:class:`hetplan.runtime.topk.TopK`, error feedback), every holder all-gathers every holder's
   (indices, values) and adds them up in group-rank order. Ratio 1 is the all-reduce's sum.
-* ``adasum``: every holder all-gathers every holder's contribution, sums each pipeline's (a pipeline
-  with replicated stages has several holders), turns it back into that pipeline's mean gradient, and
-  combines the pipelines' mean gradients by Adasum tensor by tensor, weighted by their batch shares
-  (:func:`hetplan.runtime.adasum.weighted_adasum_tree`). Every holder computes the same bits (same inputs, same order).
+* ``adasum``: each pipeline's holders sum their contributions (a replicated stage), turn it into the
+  pipeline's mean gradient, and the pipelines combine them by Adasum tensor by tensor, weighted by
+  their batch shares, pairwise up a binary tree, the root broadcasting the result
+  (:class:`hetplan.runtime.adasum.AdasumTree`: one receive buffer per rank, never ``n`` copies).
 
-The all-gathers carry ``n`` contributions where a ring all-reduce moves two: the cost the simulator
-charges these modes (docs/cost-model.md).
+Top-k's all-gathers carry ``n`` contributions where a ring all-reduce moves two; the simulator
+charges Adasum as an all-gather too (docs/cost-model.md), where its tree moves
+``ceil(log2 n) + 1`` vectors one after the other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from hetplan.runtime.adasum import weighted_adasum_tree
+from hetplan.runtime.adasum import AdasumTree
 from hetplan.runtime.comm import wait
 from hetplan.runtime.topk import TopK, densify
 
@@ -106,7 +107,18 @@ class TopKSync:
         return pending.flat
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        """The residual per group (``group<id>``), on the host: what a checkpoint keeps per device."""
         return self.compressor.state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.compressor.load_state_dict(state)
+
+    def step_done(self, *, skipped: bool) -> None:
+        """After ``OPT``: a step skipped everywhere (an overflow) gives every residual back."""
+        if skipped:
+            self.compressor.rollback()
+        else:
+            self.compressor.commit()
 
 
 class AdasumSync:
@@ -114,52 +126,45 @@ class AdasumSync:
 
     name = "adasum"
 
-    def __init__(self, layouts: Mapping[int, GroupLayout]) -> None:
+    def __init__(self, layouts: Mapping[int, GroupLayout], *, deltas: bool = False) -> None:
         self.layouts = dict(layouts)
+        # deltas (an adaptive optimizer): the gradients are summed inside each pipeline only; the
+        # pipelines' parameter changes are combined after their own steps (hetplan.runtime.adasum_step)
+        self.deltas = deltas
+        self._trees: dict[int, AdasumTree] = {}
 
     def wire(self, flat: torch.Tensor, n: int) -> tuple[str, float]:
         return "allgather", n * flat.numel() * flat.element_size()
 
+    def tree(self, gid: int, pg: Any) -> AdasumTree:
+        """Group ``gid``'s tree (its ranks read from ``pg``: the whole world when None)."""
+        if gid not in self._trees:
+            layout = self.layouts[gid]
+            ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(dist.get_world_size()))
+            self._trees[gid] = AdasumTree(sorted(ranks), layout.pipeline_of_rank, layout.batches, layout.sizes)
+        return self._trees[gid]
+
     def issue(self, gid: int, flat: torch.Tensor, pg: Any, *, timeout_s: float, what: str = "") -> Pending:
-        n = dist.get_world_size(pg)
-        parts = [torch.empty_like(flat) for _ in range(n)]
-        work = dist.all_gather(parts, flat, group=pg, async_op=True)
-        return Pending(gid, work, flat, parts, timeout_s, what or f"AR{gid}")
+        """Nothing leaves yet: the tree's point-to-point steps run at :meth:`complete`, in group order
+        on every holder (so no two groups' messages interleave)."""
+        return Pending(gid, pg, flat, [], timeout_s, what or f"AR{gid}")
 
     def complete(self, pending: Pending) -> torch.Tensor:
-        wait(pending.work, timeout_s=pending.timeout_s, what=pending.what)
-        pending.flat.copy_(combine_adasum(pending.parts, self.layouts[pending.gid]))
-        return pending.flat
+        tree = self.tree(pending.gid, pending.work)
+        if self.deltas:
+            return tree.pipeline_sum(pending.flat, pending.work, timeout_s=pending.timeout_s, what=pending.what)
+        return tree.reduce(pending.flat, pending.work, timeout_s=pending.timeout_s, what=pending.what)
 
 
-def combine_adasum(parts: Sequence[torch.Tensor], layout: GroupLayout) -> torch.Tensor:
-    """Every holder's weighted contribution -> the Adasum of the pipelines' mean gradients."""
-    if len(parts) != len(layout.pipeline_of_rank):
-        raise ValueError(f"expected {len(layout.pipeline_of_rank)} contributions, got {len(parts)}")
-    total_batch = sum(layout.batches.values())
-    sums: dict[int, torch.Tensor] = {}
-    for part, p in zip(parts, layout.pipeline_of_rank, strict=True):
-        sums[p] = sums[p] + part.double() if p in sums else part.double()
-    pipelines = sorted(sums)
-    batches = [layout.batches[p] for p in pipelines]
-    # a pipeline's contributions sum to (b_p / B) x its mean gradient
-    means = [sums[p] * (total_batch / layout.batches[p]) for p in pipelines]
-    out = torch.empty_like(means[0])
-    offset = 0
-    for size in layout.sizes:  # tensor by tensor, as Horovod's Adasum
-        out[offset : offset + size] = weighted_adasum_tree([x[offset : offset + size] for x in means], batches)
-        offset += size
-    if offset != out.numel():
-        raise ValueError(f"tensor sizes cover {offset} of {out.numel()} elements")
-    return out.to(parts[0].dtype)
-
-
-def make_group_sync(mode: str, *, ratio: float = 1.0, layouts: Mapping[int, GroupLayout] | None = None):
-    """The combiner of ``mode`` (``allreduce``, ``topk`` or ``adasum``)."""
+def make_group_sync(
+    mode: str, *, ratio: float = 1.0, layouts: Mapping[int, GroupLayout] | None = None, deltas: bool = False
+):
+    """The combiner of ``mode`` (``allreduce``, ``topk`` or ``adasum``; ``deltas``: Adasum of the
+    parameter changes, the gradients summed inside each pipeline only)."""
     if mode == "allreduce":
         return AllReduceSync()
     if mode == "topk":
         return TopKSync(ratio)
     if mode == "adasum":
-        return AdasumSync(layouts or {})
+        return AdasumSync(layouts or {}, deltas=deltas)
     raise ValueError(f"no gradient-group combiner for sync mode {mode!r}")

@@ -4,29 +4,41 @@
     server.serve()                                   # until every worker has said stop
 
     client = PsClient(server_rank, numel, rank=dist.get_rank())  # in each worker (every device of every pipeline)
-    client.push(clock, flat_grad)                    # the wave's gradient of this device's blocks
-    version, flat = client.pull(min_version)         # the newest weights, at least ``min_version``
+    client.push(clock, flat_grad, overflow=False)    # the wave's unscaled gradient of this device's blocks
+    reply = client.pull(min_version)                 # the newest weights, at least ``min_version``
     client.stop()
 
 **Clocks and versions.** Every worker finishes waves ``0, 1, 2, ...`` and pushes each wave's
-gradient for the parameters it holds (already weighted as for the all-reduce: the sum over every
-push of one clock is the whole model's gradient of that wave). When every worker has pushed clock
-``c`` and the server holds version ``c`` (``c`` updates applied), it takes one optimizer step with the
-summed gradient: version ``c + 1``. A worker that finished wave ``c`` pulls with
+gradient for the parameters it holds (unscaled fp32, already weighted as for the all-reduce: the sum
+over every push of one clock is the whole model's gradient of that wave). When every worker has
+pushed clock ``c`` and the server holds version ``c`` (``c`` clocks applied), it takes one optimizer
+step with the summed gradient: version ``c + 1``. A worker that finished wave ``c`` pulls with
 ``min_version = c + 1 - D``: the server answers with its newest weights once it has at least that
 version, and holds the answer back until then. So a worker starting wave ``c + 1`` has every update
 of waves ``<= c - D``: every worker has finished wave ``c - D``, and none is more than ``D`` waves
 ahead of the slowest (HetPipe's global staleness bound). ``D = 0`` is synchronous training: each wave
 starts from the weights of every earlier wave's summed gradient, exactly what the all-reduce gives,
-for any optimizer (the server steps once per clock on the sum, never per push).
+for any optimizer (the server steps once per clock on the sum, never per push). The worker's own
+updates of the waves the server has not applied yet are its business (:class:`~hetplan.runtime.
+wave_sync.WaveSync` adds them back onto what it pulls).
+
+**The optimizer and its state live here**, once, in fp32: HetPipe's server adds the workers' pushed
+updates; this one steps the plan's optimizer on the clock's summed gradient instead, so that ``D = 0``
+is synchronous training for Adam too and a checkpoint holds one optimizer state.
+
+**Overflow** (fp16): a push says whether its wave had a step whose gradient overflowed in the
+worker's pipeline (the gradient it pushes then leaves those steps out). The server does not step a
+clock any push of which overflowed: every worker's update of that clock is skipped, everywhere, as
+the all-reduce skips a step on every rank; the version still advances, and a pull's reply says how
+many clocks were skipped so far, so each worker backs its loss scale off for the others' overflows.
 
 **Clipping** is exact: the server holds the whole gradient of a clock, so its global norm is the
 norm of one process's gradient. **Messages** go over torch.distributed point-to-point calls of the
 default group with their own tag (:data:`TAG`, apart from the pipeline's transfer tags; the server
-receives from any source): a header ``[kind, clock or version, rank, numel]`` (int64), then the
-payload (fp32, on CPU: :func:`to_host`; a pull's reply header is ``[version, numel of every
-worker together, 0, 0]``). The server is a process of its own (the
-launcher starts it beside the ranks): a worker never waits on another worker, only on the server.
+receives from any source): a header ``[kind, clock or version, rank, numel, overflow]`` (int64), then
+the payload (fp32, on CPU: :func:`to_host`; a pull's reply header is ``[version, numel of every
+worker together, clocks skipped, 0, 0]``). The server is a process of its own (the launcher starts it
+beside the ranks): a worker never waits on another worker, only on the server.
 """
 
 from __future__ import annotations
@@ -37,11 +49,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-__all__ = ["PULL", "PUSH", "STOP", "TAG", "ParamServer", "PsClient", "ServerLog", "to_host"]
+__all__ = ["HEADER", "PULL", "PUSH", "STOP", "TAG", "ParamServer", "PsClient", "Pulled", "ServerLog", "to_host"]
 
 PUSH, PULL, STOP = 1, 2, 3
 #: The tag of every parameter-server message (pipeline transfers use small tags: ``comm.tag_of``).
 TAG = 1 << 20
+#: int64 fields of every header and reply
+HEADER = 5
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
@@ -59,6 +73,17 @@ class ServerLog:
     steps: list[int] = field(default_factory=list)  # clocks stepped, in order
     pulls: list[tuple[int, int, int, int]] = field(default_factory=list)  # (rank, asked, given, latest clock pushed)
     pushes: list[tuple[int, int]] = field(default_factory=list)  # (rank, clock) in arrival order
+    skipped: list[int] = field(default_factory=list)  # clocks not stepped: a push of theirs overflowed
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """A pull's answer: the server's version (clocks applied), this worker's weights (CPU fp32), and
+    how many of those clocks were skipped for an overflow."""
+
+    version: int
+    flat: torch.Tensor
+    skipped: int
 
 
 class ParamServer:
@@ -95,6 +120,7 @@ class ParamServer:
         self._pushed: dict[int, set[int]] = {}
         self._latest_push: dict[int, int] = {}
         self._waiting: list[tuple[int, int]] = []  # (rank, min_version)
+        self._overflowed: set[int] = set()  # clocks a push of which overflowed (fp16)
         self._total = sum(self._numel(r) for r in self.layouts)
 
     def _numel(self, rank: int) -> int:
@@ -103,7 +129,7 @@ class ParamServer:
     def serve(self) -> None:
         """Answer pushes and pulls until every worker has sent STOP."""
         running = set(self.layouts)
-        header = torch.zeros(4, dtype=torch.int64)
+        header = torch.zeros(HEADER, dtype=torch.int64)
         while running:
             src = dist.recv(header, src=None, tag=TAG)
             kind, value, rank = int(header[0]), int(header[1]), int(header[2])
@@ -113,6 +139,8 @@ class ParamServer:
                 payload = torch.empty(self._numel(rank), dtype=torch.float32)
                 dist.recv(payload, src=src, tag=TAG)
                 self._add(rank, value, payload)
+                if int(header[4]):
+                    self._overflowed.add(value)
                 self._advance()
             elif kind == PULL:
                 self._waiting.append((rank, value))
@@ -147,6 +175,11 @@ class ParamServer:
         while self._pushed.get(self.version, set()) == set(self.layouts):
             sums = self._sums.pop(self.version)
             del self._pushed[self.version]
+            if self.version in self._overflowed:  # skipped everywhere: no worker's update of it counts
+                self._overflowed.discard(self.version)
+                self.log.skipped.append(self.version)
+                self.version += 1
+                continue
             grads = [sums[name] for name in self.params if name in sums]
             factor = self.before_step(grads) if self.before_step else 1.0
             for name, p in self.params.items():
@@ -172,7 +205,7 @@ class ParamServer:
                 still.append((rank, min_version))
                 continue
             # the reply says how many elements every worker moves (for the pacing of emulated links)
-            reply = torch.tensor([self.version, self._total, 0, 0], dtype=torch.int64)
+            reply = torch.tensor([self.version, self._total, len(self.log.skipped), 0, 0], dtype=torch.int64)
             dist.send(reply, dst=rank, tag=TAG)
             flat = torch.cat([self.params[n].detach().flatten() for n in self.layouts[rank]])
             dist.send(flat.float().contiguous(), dst=rank, tag=TAG)
@@ -195,24 +228,27 @@ class PsClient:
         """Bytes every worker pushes in one clock (fp32), as the server said (0 before a pull)."""
         return 4 * self.total_numel
 
-    def _header(self, kind: int, value: int) -> None:
-        dist.send(torch.tensor([kind, value, self.rank, self.numel], dtype=torch.int64), dst=self.server, tag=TAG)
+    def _header(self, kind: int, value: int, flags: int = 0) -> None:
+        header = torch.tensor([kind, value, self.rank, self.numel, flags], dtype=torch.int64)
+        dist.send(header, dst=self.server, tag=TAG)
 
-    def push(self, clock: int, flat_grad: torch.Tensor) -> None:
+    def push(self, clock: int, flat_grad: torch.Tensor, *, overflow: bool = False) -> None:
+        """The wave's unscaled gradient; ``overflow``: a step of the wave overflowed (the server
+        then skips the clock for every worker)."""
         if flat_grad.numel() != self.numel:
             raise ValueError(f"expected {self.numel} gradient elements, got {flat_grad.numel()}")
-        self._header(PUSH, clock)
+        self._header(PUSH, clock, int(overflow))
         dist.send(to_host(flat_grad), dst=self.server, tag=TAG)
 
-    def pull(self, min_version: int) -> tuple[int, torch.Tensor]:
+    def pull(self, min_version: int) -> Pulled:
         """The newest weights of at least ``min_version`` (a CPU tensor: the caller copies it to its device)."""
         self._header(PULL, max(0, min_version))
-        reply = torch.zeros(4, dtype=torch.int64)
+        reply = torch.zeros(HEADER, dtype=torch.int64)
         dist.recv(reply, src=self.server, tag=TAG)
         flat = torch.empty(self.numel, dtype=torch.float32)
         dist.recv(flat, src=self.server, tag=TAG)
         self.total_numel = int(reply[1])
-        return int(reply[0]), flat
+        return Pulled(int(reply[0]), flat, int(reply[2]))
 
     def stop(self) -> None:
         self._header(STOP, 0)

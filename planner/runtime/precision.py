@@ -28,6 +28,13 @@ the caller divides the all-reduced norm by it), and :meth:`Precision.step` unsca
 multiplication (``clip_coef / scale``) before stepping, which is what unscaling first and then
 clipping does (the scale is a power of two).
 
+The sync modes (:mod:`hetplan.runtime.executor`) keep the same rule: what leaves a rank is unscaled
+and every rank whose update depends on an overflow skips with it. ``topk`` and ``adasum`` send
+unscaled gradients (a non-finite value is sent as 0 and counted in the job-wide skip count);
+``sdpipe`` counts overflows in the pipeline's own all-reduce (the pipeline skips, the others do not
+depend on its gradient); ``wsp`` pushes the wave's unscaled gradient and flags an overflow, and the
+parameter server then skips that clock for every worker, each of which backs its scale off.
+
 Block boundaries carry the compute dtype: every block's floating-point output is cast to it, in the
 runtime and in the single-process reference alike, so where a plan cuts the model does not change
 the numbers.

@@ -8,16 +8,21 @@ same order: here pipelines, stages and replicas in plan order), and keeps its ow
 shard is its place in the plan's replica (``DeviceProgram.tp_rank``), which is also the gradient
 group it all-reduces with (the k-th members of every holder replica,
 :func:`hetplan.schedule.compile.gradient_groups`).
+
+Boundary tensors arrive split (:mod:`hetplan.schedule.boundary`): each member receives its chunk of
+the flattened buffer and :func:`gather_boundary` all-gathers the rest from the group, padding the
+last chunk where the group's degree does not divide the buffer's elements.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from hetplan.contracts.plan import Plan
 from hetplan.models.gpt_tp import TpGroup
 
-__all__ = ["tensor_parallel_group"]
+__all__ = ["gather_boundary", "tensor_parallel_group"]
 
 
 def tensor_parallel_group(plan: Plan, rank_of: dict[str, int], address: str) -> TpGroup | None:
@@ -35,3 +40,17 @@ def tensor_parallel_group(plan: Plan, rank_of: dict[str, int], address: str) -> 
                     order = tuple(shard_of[r] for r in ranks)
                     mine = TpGroup(pg, len(replica), replica.index(address), order)
     return mine
+
+
+def gather_boundary(buffer: torch.Tensor, tp: TpGroup) -> None:
+    """Fill ``buffer`` (contiguous) from every member's chunk of it, in place: member ``k`` holds
+    elements ``[k·size, (k+1)·size)`` of the flattened buffer, ``size = ceil(n / t)``; the chunks are
+    padded to ``size`` for the all-gather (equal parts) and the padding dropped after."""
+    flat = buffer.view(-1)
+    n = flat.numel()
+    size = -(-n // tp.size)
+    lo = min(n, tp.rank * size)
+    hi = min(n, lo + size)
+    local = torch.zeros(size, dtype=flat.dtype, device=flat.device)
+    local[: hi - lo] = flat[lo:hi]
+    flat.copy_(torch.cat(tp.gather(local))[:n])

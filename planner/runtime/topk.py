@@ -8,8 +8,20 @@ Each rank adds the residual it kept from earlier steps to its new gradient, send
 largest entries by magnitude (``k = ceil(ratio * numel)``, at least 1) as (indices, values), and keeps
 the rest as the next residual: nothing is ever dropped, only delayed (error feedback), which is what
 keeps sparsified SGD converging. Every rank gathers every rank's (indices, values) and sums them into a
-dense gradient in rank order (so every rank holds the same bits). With ``ratio = 1`` every entry is
-sent and no residual is kept: the result is the plain sum, i.e. the all-reduce.
+dense gradient in rank order (so every rank holds the same bits). With ``ratio = 1`` the same
+selection and feedback run (there is no dense shortcut): every entry is selected, the residual is
+zero, and the result is the plain sum, i.e. the all-reduce.
+
+**Non-finite values never enter the residual.** When the gradient plus residual holds an inf or a
+NaN (an fp16 overflow, a diverging step), the selection puts the non-finite entries first (so every
+rank's combined gradient shows them, and the step is skipped everywhere, as the all-reduce's is) and
+the residual is left as it was before the step. :meth:`TopK.rollback` also restores the residuals
+of a step that was skipped for another rank's overflow: a skipped step discards its gradient
+everywhere, as the all-reduce path does, and what the residual held before it is still owed.
+
+**Checkpoints.** :meth:`TopK.state_dict` is the residual per name; the runtime saves it per device
+(:func:`hetplan.runtime.checkpoint.residual_state`) and a resumed run continues with it, so a
+resumed run equals an uninterrupted one.
 
 Ties in magnitude are broken by index (``torch.topk`` on CPU is not documented to be stable, so the
 selection sorts explicitly): every run selects the same entries. Every tensor is made on the
@@ -27,13 +39,18 @@ __all__ = ["TopK", "densify"]
 
 
 class TopK:
-    """Top-k selection with an error-feedback residual per named tensor."""
+    """Top-k selection with an error-feedback residual per named tensor.
+
+    Holds, per name, the residual (``numel`` values) and, between :meth:`compress` and the next
+    :meth:`commit`/:meth:`compress`, the previous residual (for :meth:`rollback`).
+    """
 
     def __init__(self, ratio: float) -> None:
         if not 0 < ratio <= 1:
             raise ValueError(f"top-k ratio must be in (0, 1], got {ratio}")
         self.ratio = ratio
         self.residual: dict[str, torch.Tensor] = {}
+        self._previous: dict[str, torch.Tensor | None] = {}
 
     def k_of(self, numel: int) -> int:
         return max(1, min(numel, math.ceil(self.ratio * numel)))
@@ -41,26 +58,42 @@ class TopK:
     def compress(self, name: str, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The (int64 indices, values) of ``grad`` + residual to send; the rest becomes the residual."""
         flat = grad.detach().flatten()
-        if name in self.residual:
-            flat = flat + self.residual[name].to(flat.device)  # a restored residual may be on the host
+        old = self.residual.get(name)
+        if old is not None:
+            flat = flat + old.to(device=flat.device, dtype=flat.dtype)  # a restored one may be on the host
         k = self.k_of(flat.numel())
-        if k == flat.numel():
-            self.residual.pop(name, None)
-            return torch.arange(flat.numel(), dtype=torch.int64, device=flat.device), flat.clone()
-        # largest magnitude first, ties by the lower index: a stable sort of -|x|
-        order = torch.sort(-flat.abs(), stable=True).indices[:k]
+        finite = torch.isfinite(flat)
+        # largest magnitude first, non-finite before everything, ties by the lower index: a stable sort
+        key = torch.where(finite, -flat.abs(), torch.full_like(flat, -math.inf))
+        order = torch.sort(key, stable=True).indices[:k]
         idx = torch.sort(order).values
         values = flat[idx].clone()
-        rest = flat.clone()
-        rest[idx] = 0
-        self.residual[name] = rest
+        self._previous[name] = old
+        if bool(finite.all()):
+            rest = flat if old is not None else flat.clone()  # ``flat`` is a new tensor when added to
+            rest[idx] = 0
+            self.residual[name] = rest
         return idx, values
 
+    def commit(self) -> None:
+        """The step was taken: forget the previous residuals."""
+        self._previous.clear()
+
+    def rollback(self) -> None:
+        """The step was skipped everywhere: every residual back to what it was before the step."""
+        for name, old in self._previous.items():
+            if old is None:
+                self.residual.pop(name, None)
+            else:
+                self.residual[name] = old
+        self._previous.clear()
+
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.clone() for k, v in self.residual.items()}
+        return {k: v.detach().cpu().clone() for k, v in self.residual.items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.residual = {k: v.clone() for k, v in state.items()}
+        self._previous.clear()
 
 
 def densify(parts: Sequence[tuple[torch.Tensor, torch.Tensor]], numel: int) -> torch.Tensor:

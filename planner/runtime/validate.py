@@ -47,6 +47,13 @@ waited for everything, so it acts as a barrier between iterations and one iterat
 check); ``batch_isend_irecv`` on NCCL coalescing a batch onto the group's main communicator, which
 serializes *all* batches of a rank on one stream rather than one per pair (stricter than the model
 above; compiled schedules were checked under that stricter rule too, see ``docs/runtime.md``).
+Tensor parallelism's collectives inside a replica: the all-reduces inside ``F``/``B`` and the
+all-gather of a split boundary buffer right before ``F``/``B`` (:mod:`hetplan.schedule.boundary`).
+Every member of a replica runs the same action list, so they issue these in one order and each
+member reaches them after the same receives, which depend on no other member of its group: they add
+no wait the lists above could turn into a cycle. A split transfer whose piece is empty is posted by
+neither side (both compute the same :func:`~hetplan.schedule.boundary.piece`); checking the pair as
+posted is the stricter case.
 
 ``semantics="gloo"`` is the looser model the previous validator used (sends buffered: complete
 when posted), under the same contract: a receive completes once its send has been posted, by tag,

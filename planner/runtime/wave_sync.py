@@ -1,17 +1,31 @@
 """A device's side of the two decentralised sync modes, called once per step after its backward.
 
     wsp = WaveSync(PsClient(...), wave=2, staleness=1)
-    weights = wsp.after_step(step, flat_grad)     # None inside a wave; the pulled weights at its end
+    step = wsp.after_step(step, flat_weights, flat_grad, lr=lr, to_mean=B / n)  # flat_grad None: overflow
+    load(step.weights)                            # locally updated; at a wave's end, pulled (+ own waves)
 
     avg = GroupAverage(GroupClient(...), pipeline=p, peers={q: rank}, batches={q: b_q})
     weights = avg.after_step(step, flat_weights)  # the weighted average over this round's group
 
-**WSP** (HetPipe): the device adds each step's gradient (already weighted as for the all-reduce) to
-the wave's sum; at the end of a wave of ``wave`` steps it pushes the sum to the parameter server
-(:mod:`hetplan.runtime.param_server`) and pulls the newest weights the staleness bound lets it use
-(``min_version = clock + 1 - staleness``). Inside a wave the weights do not change (no local
-update): with ``wave = 1, staleness = 0`` this is synchronous training, step for step. The optimizer
-and its state live on the server.
+**WSP** (HetPipe, Park et al., ATC 2020): every step the device updates its LOCAL weights with its
+own gradient (HetPipe's local update: plain SGD at the step's learning rate on the device's mean
+gradient, ``to_mean`` x the gradient as weighted for the all-reduce), so a virtual worker's later
+steps of a wave see its earlier ones; it adds each step's gradient (unscaled, fp32) to the wave's
+sum. At the end of a wave of ``wave`` steps it pushes the sum to the parameter server
+(:mod:`hetplan.runtime.param_server`), which steps the plan's optimizer once per clock on every
+worker's sum, and pulls the newest weights the staleness bound lets it use (``min_version = clock +
+1 - staleness``: it waits only when it would run more than ``D`` waves ahead of the slowest). Onto
+them it adds its own local updates of the waves the pulled version does not hold yet (at most
+``D``): a fast worker keeps seeing its own last waves, as with HetPipe's server, which adds every push
+on arrival. With ``wave = 1, staleness = 0`` the pulled version holds every earlier clock and
+nothing is added back: synchronous training, step for step, for any optimizer.
+
+Where the state lives: the optimizer and its state on the server (one copy, fp32, checkpointed
+there); on the device its weights (and fp32 master under fp16/bf16), the wave's gradient sum, the
+current wave's local update, and the local updates of at most ``D`` pushed waves not yet pulled
+back (all flat fp32 of the device's parameters). A step whose gradient overflowed in the device's
+pipeline (fp16) is left out of the sum and of the local update, and the push says so: the server
+then skips the clock for everyone (:class:`~hetplan.runtime.param_server.ParamServer`).
 
 **SDPipe**: the device's pipeline has stepped its own optimizer; the device tells the group
 scheduler it is ready (:mod:`hetplan.runtime.group_scheduler`), learns the round's group, and swaps
@@ -40,33 +54,77 @@ __all__ = ["AVERAGE_TAG", "GroupAverage", "WaveSync"]
 AVERAGE_TAG = (1 << 20) + 2
 
 
+@dataclass(frozen=True)
+class WaveStep:
+    """What :meth:`WaveSync.after_step` gives back: the device's weights for its next step."""
+
+    weights: torch.Tensor  # flat fp32, on the device of the weights passed in
+    pulled: bool = False  # a wave's end: pulled from the server (plus this device's own unapplied waves)
+    skipped: bool = False  # at a pull: a clock it newly covers was skipped (D = 0, wave 1: this step's)
+    backoff: int = 0  # at a pull: clocks skipped for other workers' overflows since the last pull
+
+
 @dataclass
 class WaveSync:
-    """WSP on one device: accumulate the wave's gradient, push it, pull what the bound allows."""
+    """WSP on one device: local updates every step, the wave's gradient pushed, the bound's pull."""
 
     client: PsClient
     wave: int
     staleness: int
     log: list[dict[str, int]] = field(default_factory=list)  # per wave: clock, version pulled, waves ahead
-    _sum: torch.Tensor | None = None
+    _sum: torch.Tensor | None = None  # the wave's unscaled gradient
+    _local: torch.Tensor | None = None  # the wave's local update (added to the weights step by step)
+    _own: dict[int, torch.Tensor] = field(default_factory=dict)  # clock -> its local update, not yet pulled
+    _overflow: bool = False  # a step of this wave overflowed in this device's pipeline
+    _flagged: set[int] = field(default_factory=set)  # clocks this device pushed as overflowed, not yet pulled
+    _skipped_seen: int = 0  # the server's count of skipped clocks at the last pull
 
     def start(self) -> torch.Tensor:
         """The server's initial weights (version 0): every device starts from the same ones."""
-        _, flat = self.client.pull(0)
-        return flat
+        return self.client.pull(0).flat
 
-    def after_step(self, step: int, flat_grad: torch.Tensor) -> torch.Tensor | None:
-        grad = flat_grad.detach().float()
-        self._sum = grad.clone() if self._sum is None else self._sum.add_(grad)
+    def after_step(
+        self, step: int, weights: torch.Tensor, grad: torch.Tensor | None, *, lr: float, to_mean: float
+    ) -> WaveStep:
+        """After step ``step``'s backward: ``weights`` are the device's flat fp32 weights, ``grad`` its
+        unscaled gradient (weighted as for the all-reduce) or None if the step overflowed."""
+        if grad is None:
+            self._overflow = True
+        else:
+            g = grad.detach().float()
+            self._sum = g.clone() if self._sum is None else self._sum.add_(g)
+            update = g * (-lr * to_mean)
+            self._local = update.clone() if self._local is None else self._local.add_(update)
+            weights = weights + update
         if (step + 1) % self.wave:
-            return None
+            return WaveStep(weights)
         clock = step // self.wave
-        self.client.push(clock, self._sum)
-        self._sum = None
-        version, flat = self.client.pull(clock + 1 - self.staleness)
-        # the next wave (clock + 1) starts from ``version`` updates: it misses clock + 1 - version waves
-        self.log.append({"clock": clock, "version": version, "waves_ahead": clock + 1 - version})
-        return flat
+        self.client.push(
+            clock, self._sum if self._sum is not None else torch.zeros_like(weights), overflow=self._overflow
+        )
+        if self._local is not None and not self._overflow:  # an overflowed wave is skipped by the server
+            self._own[clock] = self._local
+        if self._overflow:
+            self._flagged.add(clock)
+        self._sum, self._local, self._overflow = None, None, False
+        reply = self.client.pull(clock + 1 - self.staleness)
+        version = reply.version
+        flat = reply.flat.to(weights.device)
+        for c in sorted(self._own):  # the pulled version holds clocks < version; add back the later ones
+            if c < version:
+                del self._own[c]
+            else:
+                flat.add_(self._own[c])
+        own_new = {c for c in self._flagged if c < version}
+        self._flagged -= own_new
+        newly = reply.skipped - self._skipped_seen  # clocks skipped among those this pull newly covers
+        backoff = max(0, newly - len(own_new))
+        self._skipped_seen = reply.skipped
+        # the next wave (clock + 1) starts from ``version`` clocks: it misses clock + 1 - version of them
+        self.log.append(
+            {"clock": clock, "version": version, "waves_ahead": clock + 1 - version, "own_waves": len(self._own)}
+        )
+        return WaveStep(flat, pulled=True, skipped=newly > 0, backoff=backoff)
 
     def stop(self) -> None:
         self.client.stop()

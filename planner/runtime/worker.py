@@ -247,6 +247,10 @@ def run(args: argparse.Namespace, where: _Where) -> None:
             zero=[executor.zero[gid] for gid in sorted(executor.zero)],
         )
         start_step = restored.step
+        if hasattr(executor.group_sync, "load_state_dict"):  # top-k: this device's residuals
+            from hetplan.runtime.checkpoint import load_residuals
+
+            executor.group_sync.load_state_dict(load_residuals(args.resume, address, step=args.resume_step))
     end_step = start_step + args.steps
     if config.crossover is not None:  # a co-run: every job's ranks start their first step together
         from hetplan.runtime.crossover import wait_for_co_runners
@@ -473,6 +477,10 @@ class _Saver:
         )
         mine = {executor.names[i] for i in self.owned}
         state = {k: v for k, v in state.items() if k.split("/", 1)[0] in mine}
+        if hasattr(executor.group_sync, "state_dict"):  # top-k: every device saves its own residuals
+            from hetplan.runtime.checkpoint import residual_state
+
+            state.update(residual_state(executor.address, executor.group_sync.state_dict()))
         if self.sync == "wsp":  # the server writes weights and optimizer state; the devices the buffers
             params = {
                 f"{executor.names[i]}/param/{n}"

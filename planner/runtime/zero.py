@@ -376,9 +376,13 @@ class Zero1Group:
     def state_dict(self) -> dict[str, dict[str, Any]]:
         """Full state keyed by parameter name (a collective: every holder calls it, every holder gets
         all of it): ``{"master": {name: fp32 tensor}, "optim": {name: {key: value}}}`` with the
-        optimizer state as a replicated optimizer keeps it per parameter."""
-        master = self._gather_full(self.master.detach())
-        masters = {name: master[o : o + n].view(p.shape).clone() for name, p, o, n in self._items()}
+        optimizer state as a replicated optimizer keeps it per parameter. Under fp32 the masters are
+        the weights themselves (not copies: equal to the master shards by construction), so a save
+        holds the full optimizer state and one gathered flat tensor beyond what the step holds."""
+        if self.dtype == torch.float32:  # fp32 weights are the master (gathered from it every step)
+            masters = {name: p.detach() for name, p in self._named()}
+        else:
+            masters = self._split(self.master.detach())
         own = self.optimizer.state.get(self.master, {})
         optim: dict[str, dict[str, Any]] = {name: {} for name in self.names}
         for key in sorted(own):  # the same keys on every holder: they step together
@@ -386,9 +390,8 @@ class Zero1Group:
             if value is None:
                 continue
             if torch.is_tensor(value) and value.dim() == 1 and key not in SCALAR_STATE_KEYS:
-                full = self._gather_full(value.detach())
-                for name, p, o, n in self._items():
-                    optim[name][key] = full[o : o + n].view(p.shape).clone()
+                for name, part in self._split(value.detach()).items():
+                    optim[name][key] = part
             else:
                 for name in self.names:
                     optim[name][key] = value.detach().clone() if torch.is_tensor(value) else value
@@ -435,6 +438,15 @@ class Zero1Group:
             state[key] = torch.cat(parts)[self.start : self.end].to(self.device).clone()
         self.optimizer.state[self.master] = state
 
+    def _split(self, shard: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every parameter's full tensor of a flat per-holder ``shard`` (a collective), each its own
+        copy; at most one flat gathered tensor exists at a time beside them (a save's transient:
+        what the memory walk prices, hetplan.simulate.memory.zero_checkpoint_bytes)."""
+        full = self._gather_full(shard)
+        parts = {name: full[o : o + n].view(p.shape).clone() for name, p, o, n in self._items()}
+        del full
+        return parts
+
     def _gather_full(self, shard: torch.Tensor) -> torch.Tensor:
         """The flat ``N``-element tensor whose holder ``r`` range is holder ``r``'s ``shard``."""
         if self.holders == 1:
@@ -444,6 +456,9 @@ class Zero1Group:
         send[: shard.numel()].copy_(shard)
         out = torch.zeros(self.holders * widest, dtype=shard.dtype, device=shard.device)
         dist.all_gather(list(out.split(widest)), send, group=self.group)
+        del send
+        if self.equal:  # the pieces are consecutive: the flat tensor is the gathered one's head
+            return out[: self.numel]
         return torch.cat([out[r * widest : r * widest + hi - lo] for r, (lo, hi) in enumerate(self.bounds)])
 
     def _items(self) -> Iterator[tuple[str, nn.Parameter, int, int]]:

@@ -34,7 +34,10 @@ boundary tensor (Megatron's layers end in an all-reduce, inside ``F``/``B``). Ac
 a replica of degree ``ts`` to one of degree ``tr``, member ``k`` of the receiver takes activations
 from member ``k mod ts`` of the sender, and member ``k`` of the sender takes gradients from member
 ``k mod tr`` of the receiver: every member gets each tensor once, and equal degrees pair member with
-member. Gradient groups are per shard: the ``k``-th members of every replica holding a block set
+member. A transfer into a member of a degree >= 2 replica carries only that member's chunk of the
+tensor, and the receiving group all-gathers before the compute that consumes it (Megatron's
+scatter/gather, :mod:`hetplan.schedule.boundary`): the action lists stay as they are. Gradient groups
+are per shard: the ``k``-th members of every replica holding a block set
 all-reduce together (:class:`GradGroup` ``tensor_parallel``, ``tp_rank``), so every holder of a
 block must use the same degree (the plan contract checks it).
 """

@@ -24,20 +24,31 @@ from hetplan.simulate.costs import CostModel
 __all__ = ["iteration_lower_bound"]
 
 
-def iteration_lower_bound(plan: Plan, profile: ModelProfile, cluster: Cluster, costs: CostModel | None = None) -> float:
+def iteration_lower_bound(
+    plan: Plan,
+    profile: ModelProfile,
+    cluster: Cluster,
+    costs: CostModel | None = None,
+    *,
+    members: dict[tuple, tuple] | None = None,
+) -> float:
     """Seconds the simulator's iteration of ``plan`` takes at least (see the module docstring).
 
     Pipelines with a stage split into several data-parallel replicas (more than one share) add
     nothing (how samples split among replicas is the compiler's business); the bound is then
     over the other pipelines only, still a bound.
+
+    ``members``: a dict the caller keeps across plans of one cluster (stage devices -> what the
+    bound reads of them); plans laid out alike then look their devices up once, not once per plan.
     """
+    members = {} if members is None else members
     costs = costs or CostModel(profile, cluster, optimizer=plan.optimizer)
     # with ZeRO-1 a block's step is shared by at most every device of the plan
     holders = len({a for p in plan.pipelines for s in p.stages for a in s.devices}) if plan.zero else 1
     known: dict[tuple, float] = {}  # pipelines alike (data-parallel copies) are bounded once
     per_pipeline = []
     for p in plan.pipelines:
-        key = (p.micro_batches, tuple(_stage_key(s, cluster) for s in p.stages))
+        key = (p.micro_batches, tuple(_stage_key(s, cluster, members) for s in p.stages))
         if key not in known:
             known[key] = _pipeline_bound(p, costs, cluster, holders, plan.sync)
         per_pipeline.append(known[key])
@@ -50,15 +61,18 @@ def iteration_lower_bound(plan: Plan, profile: ModelProfile, cluster: Cluster, c
     return max(per_pipeline, default=0.0)
 
 
-def _stage_key(s: Stage, cluster: Cluster) -> tuple:
+def _stage_key(s: Stage, cluster: Cluster, memo: dict[tuple, tuple]) -> tuple:
     """What a stage's bound depends on: its blocks, settings and shares, and its members' types
     (and their node's link: a TP group all-reduces over it)."""
-    members = set()
-    for a in s.devices:
-        device = cluster.device(a)
-        link = cluster.node(device.node).link
-        members.add((device.type.name, link.bandwidth, link.latency) if s.tensor_parallel > 1 else device.type.name)
-    members = tuple(sorted(members, key=str))
+    grouped = s.tensor_parallel > 1
+    members = memo.get((s.devices, grouped))
+    if members is None:
+        found = set()
+        for a in s.devices:
+            device = cluster.device(a)
+            link = cluster.node(device.node).link
+            found.add((device.type.name, link.bandwidth, link.latency) if grouped else device.type.name)
+        members = memo[(s.devices, grouped)] = tuple(sorted(found, key=str))
     return (s.start, s.end, s.tensor_parallel, s.recompute, len(s.shares), members)
 
 

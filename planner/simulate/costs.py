@@ -12,6 +12,10 @@ samples in a ring of ``t`` devices over its node's own link, once in the forward
 backward, not overlapped with compute (Megatron without sequence-parallel overlap). Recomputation:
 ``full`` re-runs each block's forward (its compute and its all-reduce) right before the block's
 backward; ``selective`` re-runs the attention core (the profile's ``recompute`` time).
+
+Overheads (docs/cost-model.md, "Overheads"): every forward and backward call of a stage adds its
+device type's ``micro_batch_s`` (a full recomputation's re-run forward adds it once more); per-kernel
+launch costs are in the profile's block times (the catalog's ``efficiency.launch``).
 """
 
 from __future__ import annotations
@@ -158,12 +162,16 @@ class CostModel:
         recompute: str = "none",
     ) -> float:
         """Forward or backward seconds of blocks ``[start, end)`` on ``device`` for ``samples``
-        samples, as a member of a degree-``tp`` group with ``recompute`` (see the module docstring)."""
+        samples, as a member of a degree-``tp`` group with ``recompute`` (see the module docstring),
+        plus the type's fixed cost of one call (``micro_batch_s``: independent of the samples, so
+        small micro-batches pay it most)."""
         key = (device.type.name, device.node if tp > 1 else "", start, end, samples, backward, tp, recompute)
         cached = self._fwd.get(key)
         if cached is None:
             per_block = self.block_times(device, samples, backward=backward, tp=tp, recompute=recompute)
-            cached = sum(per_block[start:end])
+            cached = sum(per_block[start:end]) + device.type.micro_batch_s
+            if recompute == "full" and backward:  # the re-run forward is a call of its own
+                cached += device.type.micro_batch_s
             self._fwd[key] = cached
         return cached
 

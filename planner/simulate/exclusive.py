@@ -39,10 +39,16 @@ from typing import Any
 from hetplan.errors import HetplanError
 from hetplan.simulate.engine import Engine
 
-__all__ = ["POLICIES", "ExclusiveRun", "Sharing", "run_exclusive"]
+__all__ = ["POLICIES", "RUNTIME_POLICIES", "ExclusiveRun", "Sharing", "run_exclusive"]
 
 #: The orders between jobs on a shared device (module docstring).
 POLICIES = ("crossover", "first-come")
+
+#: The policies ``hetplan launch A B`` really runs (its per-device turn, hetplan.runtime.crossover):
+#: first-come only. ``crossover`` stays a simulated what-if: a runtime version of it starved a
+#: pipeline job beside a data-parallel one (docs/co-scheduling.md), so co-plan does not try it unless
+#: asked and never prefers it on a tie.
+RUNTIME_POLICIES = ("first-come",)
 
 _READY, _DONE, _DRAINED, _OFFSET, _DECIDE = 0, 1, 2, 3, 4
 

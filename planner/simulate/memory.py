@@ -63,13 +63,19 @@ from hetplan.schedule.compile import CompiledPlan, DeviceProgram
 __all__ = [
     "FP32_BYTES",
     "MIXED_PRECISION",
+    "NCCL_BUFFSIZE",
+    "NCCL_CHANNELS",
     "OPTIMIZER_STATE_BYTES",
     "MemoryUse",
     "StageTerms",
+    "comm_buffer_bytes",
+    "communicators_of",
     "device_memory",
     "plan_memory",
     "stage_terms",
     "static_bytes_per_param",
+    "sync_buffers",
+    "zero_checkpoint_bytes",
 ]
 
 #: fp32 optimizer state per parameter: SGD none, momentum one buffer, Adam two moments.
@@ -78,6 +84,12 @@ OPTIMIZER_STATE_BYTES = {"sgd": 0.0, "momentum": 4.0, "adam": 8.0, "adamw": 8.0}
 FP32_BYTES = 4.0
 #: Dtypes the runtime trains with half-precision weights and an fp32 master copy.
 MIXED_PRECISION = ("fp16", "bf16")
+#: NCCL's default buffer per connection and protocol (NCCL documentation, environment variables:
+#: ``NCCL_BUFFSIZE``, default 4194304 = 4 MiB).
+NCCL_BUFFSIZE = 4 * 2**20
+#: Channels per communicator priced: NCCL opens at least two rings (channels) per communicator, more
+#: on NVLink systems (what the fitted reserve absorbs); one receive buffer per channel.
+NCCL_CHANNELS = 2
 
 
 def static_bytes_per_param(dtype: str, optimizer: str, param_bytes_per_param: float) -> float:
@@ -103,20 +115,46 @@ class MemoryUse:
     capacity: float
     peak_micro_batches: int  # micro-batches whose activations are held at the peak
     fragmentation: float = 0.0
+    # a checkpoint save's transient beyond weights, gradients and optimizer state (activations are
+    # gone by then): ZeRO-1 holders gather their groups' full state (zero_checkpoint_bytes)
+    checkpoint: float = 0.0
+    # communication buffers of the communicators the device is a member of (NCCL; comm_buffer_bytes)
+    comm_buffers: float = 0.0
+    # what the sync mode keeps from step to step (top-k's error-feedback residual; sync_buffers)
+    sync_state: float = 0.0
 
     @property
     def tensor_bytes(self) -> float:
-        """Live tensors at the peak (what an allocator-level measurement sees)."""
-        return self.weights + self.gradients + self.optimizer + self.activations
+        """Live tensors at the peak of a training step (what an allocator-level measurement sees)."""
+        return self.weights + self.gradients + self.optimizer + self.sync_state + self.activations
+
+    @property
+    def save_bytes(self) -> float:
+        """Live tensors at the peak of a checkpoint save (after a step)."""
+        return self.weights + self.gradients + self.optimizer + self.sync_state + self.checkpoint
 
     @property
     def total(self) -> float:
-        """What the device must have: tensors, allocator fragmentation and the reserve."""
-        return self.tensor_bytes * (1.0 + self.fragmentation) + self.reserve
+        """What a training step needs: its tensors, allocator fragmentation, the type's reserve and
+        the communicators' buffers. A checkpoint save's peak is not in it (:attr:`save_total`): the
+        plan does not know whether or how often the run saves, and frameworks that save ZeRO state
+        shard-wise never hold the gathered state, so counting it would refuse plans that run."""
+        return self.tensor_bytes * (1.0 + self.fragmentation) + self.reserve + self.comm_buffers
+
+    @property
+    def save_total(self) -> float:
+        """What a checkpoint save of this runtime needs (ZeRO-1 holders gather their groups' state)."""
+        return self.save_bytes * (1.0 + self.fragmentation) + self.reserve + self.comm_buffers
 
     @property
     def fits(self) -> bool:
         return self.total <= self.capacity
+
+    @property
+    def save_fits(self) -> bool:
+        """Whether a save of this runtime fits too (``launch --save`` on a plan where it does not
+        runs out of memory while saving; a plan is not refused for it)."""
+        return self.save_total <= self.capacity
 
     @property
     def headroom(self) -> float:
@@ -160,6 +198,34 @@ def stage_terms(profile: ModelProfile, start: int, end: int, *, tp: int = 1, rec
     )
 
 
+def sync_buffers(sync: str, buckets: float) -> tuple[float, float]:
+    """(kept from step to step, extra while the gradients are exchanged) of a device whose shared
+    gradient groups flatten to ``buckets`` bytes (fp32 elements: ``G = buckets / 4``), by sync mode,
+    as the runtime allocates them (:mod:`hetplan.runtime.group_sync`, :mod:`hetplan.runtime.topk`):
+
+    * ``topk``: the error-feedback residual, 4·G, kept; while a group is compressed, the previous
+      residual is still held (until the step commits) beside gradient + residual (4·G, the new
+      residual), the sort key (4·G), its sorted values and int64 indices (12·G) and the finite mask
+      (G): 25·G beyond the bucket. The gathered (index, value) pairs, n·k·12 bytes, are left out
+      (0.24 B per element at 1% over 2 ranks).
+    * other modes: priced as the all-reduce (their buffers are not modelled yet: docs/cost-model.md).
+    """
+    if sync == "topk":
+        elements = buckets / FP32_BYTES
+        return buckets, 25.0 * elements
+    return 0.0, 0.0
+
+
+def zero_checkpoint_bytes(params: float, *, optimizer: str, dtype: str) -> float:
+    """Bytes a ZeRO-1 holder of a group of ``params`` parameters allocates while a checkpoint saves:
+    :meth:`hetplan.runtime.zero.Zero1Group.state_dict` gathers each sharded fp32 tensor (each
+    optimizer state buffer and, for fp16/bf16, the master weights; fp32 weights are the master and
+    are not copied) and keeps a full copy of each per parameter, one flat gathered tensor alive
+    beside them at a time: 4 bytes per parameter per tensor, plus 4 for the flat one."""
+    tensors = OPTIMIZER_STATE_BYTES[optimizer] / FP32_BYTES + (1.0 if dtype in MIXED_PRECISION else 0.0)
+    return FP32_BYTES * params * (tensors + 1.0) if tensors else 0.0
+
+
 def optimizer_bytes(
     profile: ModelProfile,
     start: int,
@@ -172,10 +238,15 @@ def optimizer_bytes(
 ) -> float:
     """Optimizer state and, for fp16/bf16, the fp32 master copy of blocks ``[start, end)`` on one
     device: each block's share at degree ``tp``, divided by its ZeRO-1 ``holders`` (default 1)."""
-    per_param = OPTIMIZER_STATE_BYTES[optimizer] + (FP32_BYTES if dtype in MIXED_PRECISION else 0.0)
+    state = OPTIMIZER_STATE_BYTES[optimizer]
+    mixed = dtype in MIXED_PRECISION
     total = 0.0
     for b in range(start, end):
-        total += per_param * profile.shard(b, tp).params / ((holders or {}).get(b, 1))
+        shared = (holders or {}).get(b, 1)
+        # the ZeRO-1 runtime steps a flat fp32 shard of the weights, a master copy under fp32 too
+        # (planner/runtime/zero.py: the weights are separate tensors, the shard a flat slice of them)
+        master = FP32_BYTES if mixed or shared > 1 else 0.0
+        total += (state + master) * profile.shard(b, tp).params / shared
     return total
 
 
@@ -189,10 +260,14 @@ def device_memory(
     dtype: str | None = None,
     recompute: str = "none",
     zero_holders: Mapping[int, int] | None = None,
+    communicators: int = 0,
+    sync: str = "allreduce",
 ) -> MemoryUse:
     """Peak memory of one device running ``program`` (``reduced_blocks``: its blocks that are
     all-reduced with other devices, whose gradients pass through a flat bucket; ``recompute``: its
-    stage's; ``zero_holders``: with ZeRO-1, block -> the devices its optimizer state is sharded over)."""
+    stage's; ``zero_holders``: with ZeRO-1, block -> the devices its optimizer state is sharded over;
+    ``communicators``: its communicators and point-to-point peers, :func:`communicators_of`;
+    ``sync``: the plan's sync mode, whose buffers :func:`sync_buffers` prices)."""
     return _device_memory(
         program,
         profile,
@@ -202,6 +277,8 @@ def device_memory(
         dtype=dtype or profile.dtype,
         recompute=recompute,
         zero_holders=zero_holders,
+        communicators=communicators,
+        sync=sync,
         statics={},
     )
 
@@ -215,8 +292,9 @@ def _static_figures(
     recompute: str,
     reduced_blocks: Collection[int],
     zero_holders: Mapping[int, int] | None,
-) -> tuple[StageTerms, float, float, float]:
-    """(per-sample terms, gradients, optimizer state, all-reduce buckets) of a device's stage."""
+) -> tuple[StageTerms, float, float, float, float]:
+    """(per-sample terms, gradients, optimizer state, all-reduce buckets, a save's ZeRO-1 gather)
+    of a device's stage."""
     mixed = dtype in MIXED_PRECISION
     tp = program.tensor_parallel
     terms = stage_terms(profile, program.start, program.end, tp=tp, recompute=recompute)
@@ -229,7 +307,11 @@ def _static_figures(
         buckets = FP32_BYTES * sum(profile.shard(b, tp).params for b in reduced)
     else:
         buckets = sum(profile.shard(b, tp).param_bytes for b in reduced)
-    return terms, gradients, optimizer_total, buckets
+    sharded = sum(
+        profile.shard(b, tp).params for b in range(program.start, program.end) if (zero_holders or {}).get(b, 1) > 1
+    )
+    checkpoint = zero_checkpoint_bytes(sharded, optimizer=optimizer, dtype=dtype)
+    return terms, gradients, optimizer_total, buckets, checkpoint
 
 
 def _device_memory(
@@ -242,7 +324,9 @@ def _device_memory(
     dtype: str,
     recompute: str,
     zero_holders: Mapping[int, int] | None,
-    statics: dict[tuple, tuple[StageTerms, float, float, float]],
+    communicators: int,
+    sync: str,
+    statics: dict[tuple, tuple[StageTerms, float, float, float, float]],
 ) -> MemoryUse:
     """:func:`device_memory`, the stage's static figures shared through ``statics`` by every
     device whose stage holds the same blocks at the same degree, recomputation, holders and
@@ -268,13 +352,15 @@ def _device_memory(
             reduced_blocks=reduced_blocks,
             zero_holders=zero_holders,
         )
-    terms, gradients, optimizer_total, buckets = figures
+    terms, gradients, optimizer_total, buckets, checkpoint = figures
     weight_bytes = terms.weights
     held_per_sample = terms.held_per_sample
     grad_in, grad_out, workspace = terms.grad_in, terms.grad_out, terms.workspace
     # fp32 gradients are freed by the step (set to None) and come back with the step's first
-    # backward; fp16/bf16 keep their fp32 buffers for the whole run (zeroed, not freed)
-    late_grads = 0.0 if mixed else gradients
+    # backward; fp16/bf16 keep their fp32 buffers for the whole run (zeroed, not freed), as does a
+    # ZeRO-1 holder under any dtype (its flat fp32 gradient buffer, planner/runtime/zero.py)
+    persistent = mixed or any(h > 1 for h in key[5])
+    late_grads = 0.0 if persistent else gradients
 
     held = peak = 0.0
     in_flight = peak_count = 0
@@ -298,9 +384,10 @@ def _device_memory(
             in_flight -= 1
             if held > peak:
                 peak = held
-    if buckets + held > peak:  # after the last backward: the buckets beside the gradients
-        peak = buckets + held
-    if late_grads == 0.0 and not mixed:
+    kept, exchange = sync_buffers(sync, buckets)
+    if buckets + exchange + held > peak:  # after the last backward: the buckets beside the gradients
+        peak = buckets + exchange + held
+    if late_grads == 0.0 and not persistent:
         peak -= gradients  # the walk carried the gradients from the first backward on
     return MemoryUse(
         weights=weight_bytes,
@@ -311,7 +398,30 @@ def _device_memory(
         capacity=device_type.memory,
         peak_micro_batches=peak_count,
         fragmentation=device_type.fragmentation,
+        checkpoint=checkpoint,
+        comm_buffers=comm_buffer_bytes(device_type, communicators),
+        sync_state=kept,
     )
+
+
+def communicators_of(compiled: CompiledPlan, address: str) -> int:
+    """The communicators a device belongs to, each with buffers of its own: every gradient group of
+    more than one device it is in, its tensor-parallel group, and each point-to-point peer it sends
+    to or receives from (NCCL connects each pair lazily, with buffers per connection)."""
+    program = compiled.programs[address]
+    groups = sum(1 for g in compiled.groups if len(g.devices) > 1 and address in g.devices)
+    tp = 1 if program.tensor_parallel > 1 else 0
+    peers = {a.peer for a in program.actions if a.kind.is_send or a.kind.is_recv}
+    return groups + tp + len(peers)
+
+
+def comm_buffer_bytes(device_type: DeviceType, communicators: int) -> float:
+    """NCCL (RCCL) buffers of ``communicators`` on a type that runs the ``nccl`` backend (0 on
+    gloo-only devices, whose buffers are small and transient): :data:`NCCL_CHANNELS` channels of one
+    ``NCCL_BUFFSIZE`` receive buffer each."""
+    if "nccl" not in device_type.backends:
+        return 0.0
+    return float(communicators * NCCL_CHANNELS * NCCL_BUFFSIZE)
 
 
 def plan_memory(
@@ -339,7 +449,7 @@ def plan_memory(
         if plan is not None
         else {}
     )
-    statics: dict[tuple, tuple[StageTerms, float, float, float]] = {}
+    statics: dict[tuple, tuple[StageTerms, float, float, float, float]] = {}
     return {
         address: _device_memory(
             program,
@@ -350,6 +460,8 @@ def plan_memory(
             dtype=dtype or profile.dtype,
             recompute=recompute.get((program.pipeline, program.stage), "none"),
             zero_holders=holders[address],
+            communicators=communicators_of(compiled, address),
+            sync=plan.sync if plan is not None else "allreduce",
             statics=statics,
         )
         for address, program in compiled.programs.items()

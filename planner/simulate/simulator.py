@@ -45,6 +45,7 @@ from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Plan, check_plan
 from hetplan.errors import HetplanError
 from hetplan.schedule.actions import Kind
+from hetplan.schedule.boundary import piece
 from hetplan.schedule.compile import CompiledPlan, compile_plan, gc_paused
 from hetplan.simulate.costs import CostModel
 from hetplan.simulate.engine import Engine
@@ -66,7 +67,7 @@ __all__ = [
 class TaskInfo(NamedTuple):
     """What a task of the engine stands for (for the timeline, the critical path and errors)."""
 
-    kind: str  # "F", "B", "send", "allreduce", "step"
+    kind: str  # "F", "B", "send", "allreduce", "step", "gather" (a split boundary's all-gather)
     device: str  # the device row it is drawn on (the sender for a transfer)
     pipeline: int
     stage: int
@@ -83,6 +84,8 @@ class TaskInfo(NamedTuple):
             return f"transfer of micro-batch {self.micro} {self.device} -> {self.peer}"
         if self.kind == "allreduce":
             return f"{self.op or 'all-reduce'} of gradient group {self.group}"
+        if self.kind == "gather":
+            return f"{self.op} of micro-batch {self.micro} in {where}"
         return f"optimizer step of {where}"
 
 
@@ -210,7 +213,7 @@ def _union_lengths(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, n_rows: int
 
 
 # task kinds in _Tasks.kind
-_F, _B, _SEND, _AR, _STEP = 0, 1, 2, 3, 4
+_F, _B, _SEND, _AR, _STEP, _GATHER = 0, 1, 2, 3, 4, 5
 
 
 class _Tasks(NamedTuple):
@@ -310,11 +313,22 @@ def _build(
     receivers: list[int] = []  # the compute task each transfer releases
     pred_counts: list[int] = []  # tasks each transfer waits for
     senders_of: dict[str, list[int]] = {}  # device -> transfers it sends (waited on before its step)
+    gathers = _boundary_gathers(
+        compiled, costs, devices, per_sample, engine, fwd_task, bwd_task, fwd_posted, bwd_posted
+    )
+    kinds.extend([_GATHER] * len(gathers))
+    rows.extend(index[key[0][0]] for key in gathers)
+    peers.extend([-1] * len(gathers))
     task = len(engine)
     for tr in compiled.transfers:
         pipeline, stage, micro, src, dst, lo, hi, grad = tr
         src_node, dst_node = node_of[src], node_of[dst]
-        nbytes = per_sample[dst if grad else src] * (hi - lo)
+        receiver = programs[dst]
+        if receiver.tp_group:  # split into the receiving TP group: this member's chunk (schedule/boundary.py)
+            a, b = piece(lo, hi, per_sample[dst if grad else src], receiver, micro)
+            nbytes = max(0.0, b - a)
+        else:
+            nbytes = per_sample[dst if grad else src] * (hi - lo)
         link = links.get((src_node, dst_node))
         if link is None:
             link = links[(src_node, dst_node)] = cluster.link(devices[src], devices[dst])
@@ -337,6 +351,8 @@ def _build(
             nxt[posted].append(task)
             n_pred += 1
         pred_counts.append(n_pred)
+        if receiver.tp_group:  # ... and the receiving group's all-gather, which the compute waits for
+            after = gathers[(receiver.tp_group, micro, grad)]
         npred[after] += 1  # ... and the compute that consumes it waits for the transfer
         receivers.append(after)
         senders_of.setdefault(src, []).append(task)
@@ -353,6 +369,7 @@ def _build(
     last_comm: dict[str, int] = {}
     holders: dict[str, dict[int, int]] = {a: {} for a in programs}  # ZeRO-1: block -> holders sharing its step
     gathers: list[tuple[int, float]] = []  # ZeRO-1: (group, all-gather seconds)
+    overlapping: dict[str, list[tuple[float, float]]] = {}  # device -> (release in its last B, seconds)
     for group in compiled.groups:
         if len(group.devices) <= 1:
             continue
@@ -390,11 +407,19 @@ def _build(
                     tp=program.tensor_parallel,
                     recompute=recompute_of.get((program.pipeline, program.stage), "none"),
                 )
-                engine.add_edge(last_b, t, offset=sum(per_block[lowest : program.end]))
+                offset = sum(per_block[lowest : program.end])
+                engine.add_edge(last_b, t, offset=offset)
+                overlapping.setdefault(address, []).append((offset, seconds))
             if address in last_comm:
                 engine.add_edge(last_comm[address], t)
             last_comm[address] = t
             done_comm[address].append(t)
+
+    for address, collectives in overlapping.items():
+        slowdown = devices[address].type.overlap_slowdown
+        if slowdown > 1.0:
+            last_b = last_backward[address][0]
+            engine.duration[last_b] += (slowdown - 1.0) * overlapped_span(engine.duration[last_b], collectives)
 
     step_of: dict[str, int] = {}
     exchange = _decentralised_exchange(plan, compiled, costs)
@@ -431,6 +456,57 @@ def _build(
                 engine.add_edge(last_gather[address], t)
             last_gather[address] = t
     return engine, _Tasks(kinds, rows, peers), capacity
+
+
+def _boundary_gathers(
+    compiled: CompiledPlan,
+    costs: CostModel,
+    devices: dict,
+    per_sample: dict[str, float],
+    engine: Engine,
+    fwd_task: dict[str, list[int]],
+    bwd_task: dict[str, list[int]],
+    fwd_posted: dict[str, list[int]],
+    bwd_posted: dict[str, list[int]],
+) -> dict[tuple[tuple[str, ...], int, bool], int]:
+    """One all-gather task per tensor-parallel replica, micro-batch and direction that receives split
+    transfers (:mod:`hetplan.schedule.boundary`): the replica's whole buffer gathered in a ring over
+    its node (:meth:`CostModel.all_gather`), once every member has posted its receives; each
+    member's F (activations) or B (gradients) waits for it. Keyed ``(tp_group, micro, grad)``."""
+    out: dict[tuple[tuple[str, ...], int, bool], int] = {}
+    programs = compiled.programs
+    for tr in compiled.transfers:
+        receiver = programs[tr.dst]
+        key = (receiver.tp_group, tr.micro, tr.grad)
+        if not receiver.tp_group or key in out:
+            continue
+        row = per_sample[tr.dst] if tr.grad else per_sample[tr.src]
+        members = [devices[a] for a in receiver.tp_group]
+        seconds = costs.all_gather(row * receiver.counts[tr.micro], members)
+        info = TaskInfo(
+            "gather", receiver.tp_group[0], receiver.pipeline, receiver.stage, tr.micro, op="boundary all-gather"
+        )
+        t = out[key] = engine.add_fixed(seconds, info)
+        consumer, posted = (bwd_task, bwd_posted) if tr.grad else (fwd_task, fwd_posted)
+        for a in receiver.tp_group:
+            if posted[a][tr.micro] >= 0:  # every member has reached the compute before it
+                engine.add_edge(posted[a][tr.micro], t)
+            engine.add_edge(t, consumer[a][tr.micro])
+    return out
+
+
+def overlapped_span(backward: float, collectives: list[tuple[float, float]]) -> float:
+    """Seconds of a ``backward`` of that length during which a collective it issued runs: each
+    ``(release, seconds)`` starts at its release (offset into the backward) or when the device's
+    previous collective ends, whichever is later. The device's own view: a collective held back by
+    a slower holder overlaps less in fact (the cost model's approximation, docs/cost-model.md,
+    "Overlap"); the rest of the backward is stretched by the type's ``overlap_slowdown`` on it."""
+    span, free = 0.0, 0.0
+    for release, seconds in collectives:
+        lo = max(release, free)
+        free = lo + seconds
+        span += max(0.0, min(free, backward) - min(lo, backward))
+    return span
 
 
 def _decentralised_exchange(plan: Plan | None, compiled: CompiledPlan, costs: CostModel) -> dict[str, float]:
@@ -510,6 +586,8 @@ def _critical_path(engine: Engine) -> list[tuple[str, float]]:
             what = f"compute on {info.device}"
         elif info.kind == "send":
             what = f"link {info.device} -> {info.peer}"
+        elif info.kind == "gather":
+            what = f"boundary all-gather of pipeline {info.pipeline} stage {info.stage}"
         else:
             what = f"{info.op or 'all-reduce'} of group {info.group}"
         lo = engine.start[t]
@@ -527,6 +605,8 @@ def _timeline_rows(engine: Engine, compiled: CompiledPlan) -> list[tuple[str, st
         if info.kind == "allreduce":
             label = str(info)
             rows.extend((address, info.kind, lo, hi, label) for address in compiled.groups[info.group].devices)
+        elif info.kind == "gather":  # drawn as the transfer it completes, on every member
+            rows.extend((address, "send", lo, hi, str(info)) for address in compiled.programs[info.device].tp_group)
         else:
             rows.append((info.device, info.kind, lo, hi, str(info)))
     return rows

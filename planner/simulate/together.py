@@ -45,12 +45,13 @@ from hetplan.errors import HetplanError
 from hetplan.schedule.compile import CompiledPlan, compile_plan, gc_paused
 from hetplan.simulate.costs import CostModel
 from hetplan.simulate.engine import Engine
-from hetplan.simulate.exclusive import POLICIES, ExclusiveRun, Sharing, run_exclusive
+from hetplan.simulate.exclusive import POLICIES, RUNTIME_POLICIES, ExclusiveRun, Sharing, run_exclusive
 from hetplan.simulate.simulator import SimResult, _build, check_memory, simulate
 from hetplan.simulate.together_checks import check_memory_together, check_same_cluster
 
 __all__ = [
     "POLICIES",
+    "RUNTIME_POLICIES",
     "JobOutcome",
     "PreparedJob",
     "TogetherJob",

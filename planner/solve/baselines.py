@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable, Hashable
 from dataclasses import replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -50,6 +52,8 @@ __all__ = [
     "homogeneous_baselines",
     "uniform_tp_pp_plans",
 ]
+
+K = TypeVar("K", bound=Hashable)
 
 BASELINES = (
     "uniform",
@@ -87,6 +91,18 @@ def balanced_cuts(weights: list[float], stages: int) -> list[int]:
     for s in range(stages, 0, -1):
         cuts.append(int(choice[s, cuts[-1]]))
     return cuts[::-1]
+
+
+def _memo(fn: Callable[[K], list[int]]) -> Callable[[K], list[int]]:
+    """``fn`` computed once per argument (a fresh list each call: the callers keep what they get)."""
+    seen: dict[K, list[int]] = {}
+
+    def cached(key: K) -> list[int]:
+        if key not in seen:
+            seen[key] = fn(key)
+        return list(seen[key])
+
+    return cached
 
 
 def _recut(reference: Plan, cuts_for: list[list[int]], shares: list[int]) -> Plan:
@@ -244,15 +260,17 @@ def _baselines_here(
         uniform = [[round(i * n / len(p.stages)) for i in range(len(p.stages) + 1)] for p in reference.pipelines]
         out["uniform"] = score("uniform", _recut(reference, uniform, shares))
         params = [float(b.params) + 1e-9 for b in profile.blocks]
+        # one DP per distinct input: a 512-device reference has hundreds of pipelines of a few depths
+        by_params = _memo(lambda stages: balanced_cuts(params, stages))
         out["deepspeed_parameters"] = score(
-            "deepspeed_parameters",
-            _recut(reference, [balanced_cuts(params, len(p.stages)) for p in reference.pipelines], shares),
+            "deepspeed_parameters", _recut(reference, [by_params(len(p.stages)) for p in reference.pipelines], shares)
         )
-        cuts = []
-        for p in reference.pipelines:
-            first = cluster.device(p.stages[0].devices[0]).type
-            times = [sum(profile.block_time(i, first, 1)) for i in range(n)]
-            cuts.append(balanced_cuts(times, len(p.stages)))
+        firsts = [cluster.device(p.stages[0].devices[0]).type for p in reference.pipelines]
+        types = {t.name: t for t in firsts}
+        by_time = _memo(
+            lambda key: balanced_cuts([sum(profile.block_time(i, types[key[0]], 1)) for i in range(n)], key[1])
+        )
+        cuts = [by_time((t.name, len(p.stages))) for t, p in zip(firsts, reference.pipelines, strict=True)]
         out["torchgpipe_time"] = score("torchgpipe_time", _recut(reference, cuts, shares))
     else:
         out.update(dict.fromkeys(("uniform", "deepspeed_parameters", "torchgpipe_time")))
@@ -390,8 +408,9 @@ def fastest_uniform_tp_pp(
     instead of twenty."""
     families = _uniform_families(profile, cluster, opts, reference)
     costs = CostModel(profile, cluster, optimizer=opts.optimizer)
+    members: dict[tuple, tuple] = {}  # a family's settings share one layout
     bounds = {
-        name: [iteration_lower_bound(plan, profile, cluster, costs) for plan in configs]
+        name: [iteration_lower_bound(plan, profile, cluster, costs, members=members) for plan in configs]
         for name, configs in families.items()
     }
     heap = [(min(bounds[name]), order, name, 0) for order, name in enumerate(families) if families[name]]

@@ -17,22 +17,39 @@ from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import SYNC_MODES, SYNC_OPTIONS, Plan, load_plan_inputs, parse_plan
 from hetplan.errors import HetplanError
 from hetplan.simulate import simulate
+from hetplan.simulate.simulator import SimResult
 from hetplan.solve.baselines import baseline_plans
 from hetplan.solve.search import PlanOptions
 
-__all__ = ["compare_rows", "same_inputs", "sync_mode_rows"]
+__all__ = ["compare_rows", "over_memory", "same_inputs", "sync_mode_rows"]
+
+
+def over_memory(result: SimResult) -> dict[str, float]:
+    """Bytes by which each device that does not fit is over its capacity (peak - capacity)."""
+    return {a: d.memory.total - d.memory.capacity for a, d in result.devices.items() if not d.memory.fits}
 
 
 def compare_rows(
-    plan: Plan, profile: ModelProfile, cluster: Cluster, *, others: dict[str, Plan] | None = None
+    plan: Plan,
+    profile: ModelProfile,
+    cluster: Cluster,
+    *,
+    others: dict[str, Plan] | None = None,
+    ignore_memory: bool = False,
 ) -> list[dict[str, Any]]:
     """``hetplan`` (the plan re-simulated), every baseline, then each of ``others`` (name -> plan);
     ``speedup`` is a row's iteration over the plan's (above 1: the plan is faster), None where a row
     does not fit in memory. A plan of ``others`` with another global batch is compared per sample
     (its iteration over its batch against the plan's: iteration times of different batches say
-    nothing about which trains faster); its row says so with ``per_sample`` and ``global_batch``."""
+    nothing about which trains faster); its row says so with ``per_sample`` and ``global_batch``.
+
+    ``ignore_memory``: the plan and each of ``others`` are timed even where the memory check refuses
+    them, and their rows carry ``over``: bytes over capacity per device that does not fit (empty
+    where all fit). Baselines stay as the planner found them (one that does not fit has no plan)."""
     sim = simulate(plan, profile, cluster)
     rows: list[dict[str, Any]] = [{"name": "hetplan", "iteration_s": sim.iteration_s, "speedup": 1.0}]
+    if ignore_memory:
+        rows[0]["over"] = over_memory(sim)
 
     def add(name: str, seconds: float | None) -> None:
         rows.append(
@@ -48,8 +65,10 @@ def compare_rows(
             add(name, None if candidate is None else candidate.sim.iteration_s)
     for name, other in (others or {}).items():
         result = simulate(other, profile, cluster)
-        fits = all(d.memory.fits for d in result.devices.values())
+        fits = ignore_memory or all(d.memory.fits for d in result.devices.values())
         add(name, result.iteration_s if fits else None)
+        if ignore_memory:
+            rows[-1]["over"] = over_memory(result)
         if other.global_batch != plan.global_batch:
             row = rows[-1]
             row.update(per_sample=True, global_batch=other.global_batch)

@@ -22,8 +22,11 @@ time; a smaller ``X`` protects the job that would otherwise pay for the other's 
 **Choice.** Of the pairs that fit in memory together (each job's peak with its own reserve, added on
 every shared device), the highest upper bound first (the two solo steady-state rates added:
 assuming co-running never makes a job faster than alone), each pair is co-simulated under each
-policy (:func:`hetplan.simulate.together.simulate_together`); the fair one with the most combined
-samples/s wins (ties: the earlier pair, the earlier policy). The search stops when no remaining
+policy tried (:func:`hetplan.simulate.together.simulate_together`); the fair one with the most
+combined samples/s wins (ties: the earlier pair, then a policy the runtime runs). The policies tried
+are, by default, only those ``hetplan launch A B`` runs (``RUNTIME_POLICIES``: first-come):
+``crossover`` is a simulated what-if (the runtime version starved a pipeline job), tried only when
+asked for, never preferred on a tie, and marked ``simulated only`` where chosen. The search stops when no remaining
 pair's bound beats the best found, or after ``max_pairs`` pairs (the summary says how many it
 simulated). Candidates whose solo steady state alone is already beyond ``X`` times the reference are
 not tried. Deterministic: same inputs, same files, byte for byte.
@@ -44,7 +47,7 @@ from hetplan.contracts.plan import Plan, parse_plan
 from hetplan.contracts.yamlio import sha256_of, write_yaml
 from hetplan.errors import HetplanError
 from hetplan.simulate.together import (
-    POLICIES,
+    RUNTIME_POLICIES,
     PreparedJob,
     TogetherJob,
     TogetherResult,
@@ -82,7 +85,7 @@ class CoPlanOptions:
     batch_a: int
     batch_b: int
     fairness: float = 2.0
-    policies: tuple[str, ...] = POLICIES
+    policies: tuple[str, ...] = RUNTIME_POLICIES  # crossover only when asked: a what-if the runtime cannot run
     iterations: int = 6  # of the slower job in each co-simulation (hetplan.simulate.together)
     schedule: str = "1f1b"
     optimizer: str = "adam"
@@ -372,6 +375,12 @@ def _check_fairness(opts: CoPlanOptions) -> None:
         )
 
 
+def _runtime_first(policies: tuple[str, ...]) -> tuple[str, ...]:
+    """The policies in the order they are tried: those the runtime runs first, so that a tie (the
+    earlier policy wins) goes to a co-schedule ``hetplan launch A B`` can deliver."""
+    return tuple(p for p in policies if p in RUNTIME_POLICIES) + tuple(p for p in policies if p not in RUNTIME_POLICIES)
+
+
 def choose(pools: Pools, opts: CoPlanOptions, *, progress: Callable[[str], None] | None = None) -> CoPlanResult:
     """The fair pair of candidates and policy with the most combined samples/s, beside the jobs one
     after the other and side by side on split devices (module docstring)."""
@@ -396,7 +405,7 @@ def choose(pools: Pools, opts: CoPlanOptions, *, progress: Callable[[str], None]
         say("co-simulating the split")
         run = simulate_together(
             [own[0].prepared.job, own[1].prepared.job],
-            policy=opts.policies[0],
+            policy=_runtime_first(opts.policies)[0],
             iterations=opts.iterations,
             prepared=[own[0].prepared, own[1].prepared],
         )
@@ -408,7 +417,7 @@ def choose(pools: Pools, opts: CoPlanOptions, *, progress: Callable[[str], None]
             break
         simulated += 1
         say(f"co-simulating pair {simulated}: A {a.label} + B {b.label}")
-        for policy in opts.policies:
+        for policy in _runtime_first(opts.policies):
             run = simulate_together(
                 [a.prepared.job, b.prepared.job],
                 policy=policy,
@@ -466,6 +475,8 @@ def _arrangement_summary(arr: Arrangement, reference: tuple[float, ...], files: 
     out: dict[str, Any] = {"arrangement": arr.name}
     if arr.policy:
         out["policy"] = arr.policy
+        if arr.policy not in RUNTIME_POLICIES:
+            out["runs"] = "simulated only: hetplan launch A B runs first-come (docs/co-scheduling.md)"
     out["combined_samples_per_s"] = _round(arr.samples_per_s, 6)
     out["jobs"] = jobs
     return out

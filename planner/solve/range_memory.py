@@ -64,10 +64,14 @@ class RangeBase:
     per_param: float  # optimizer state (and fp32 master copy) per parameter
     held: np.ndarray
     during: np.ndarray
+    zero_master: float = 0.0  # fp32 runs: the master shard a ZeRO-1 holder steps (mixed: in per_param)
 
     def terms(self, zero_holders: int) -> RangeTerms:
         """The terms with the optimizer state sharded over ``zero_holders`` devices (1: none)."""
-        state = self.per_param * self.params / (zero_holders if zero_holders > 1 else 1)
+        if zero_holders > 1:
+            state = (self.per_param + self.zero_master) * self.params / zero_holders
+        else:
+            state = self.per_param * self.params
         static = self.weights + self.gradients + state
         return RangeTerms(usable=self.usable, static=static, held=self.held, during=self.during, buckets=self.gradients)
 
@@ -118,5 +122,12 @@ def range_base(profile: ModelProfile, *, optimizer: str, tp: int, recompute: str
     grad_out = np.where(i == 0, 0.0, out_end[:, None])
     during = grad_in + grad_out + workspace
     return RangeBase(
-        usable=usable, weights=w, gradients=gradients, params=p, per_param=per_param, held=held, during=during
+        usable=usable,
+        weights=w,
+        gradients=gradients,
+        params=p,
+        per_param=per_param,
+        held=held,
+        during=during,
+        zero_master=0.0 if mixed else FP32_BYTES,
     )

@@ -191,10 +191,11 @@ class CostTables:
         during = grad_in + grad_out + float(workspace[start:end].max())
         dtype = self.profile.dtype
         mixed = dtype in MIXED_PRECISION
-        per_param = OPTIMIZER_STATE_BYTES[self.optimizer] + (FP32_BYTES if mixed else 0.0)
+        sharded = zero_holders > 1  # ZeRO-1: a flat fp32 master shard and gradient buffer, any dtype
+        per_param = OPTIMIZER_STATE_BYTES[self.optimizer] + (FP32_BYTES if mixed or sharded else 0.0)
         state = per_param * params / max(1, zero_holders)
         gradients = FP32_BYTES * params if mixed else weights
-        return mixed, weights, gradients, state, held, during
+        return mixed or sharded, weights, gradients, state, held, during
 
     def stage_memory(
         self,

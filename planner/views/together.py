@@ -111,6 +111,8 @@ def co_plan_renderables(summary: dict[str, Any]) -> list[Any]:
         cells += [f"{row['combined_samples_per_s']:,.1f}", _ratio(row["combined_samples_per_s"], sequential)]
         table.add_row(*cells)
     out.append(table)
+    if chosen.get("runs"):  # a crossover co-schedule: a what-if the runtime does not run
+        out.append(Text(f"policy {chosen['policy']}: {chosen['runs']}", style="yellow"))
     out.append(Text(f"slowdown: against each job's solo plan on the whole cluster; split: {summary['split']['rule']}"))
     searched = summary["search"]
     out.append(

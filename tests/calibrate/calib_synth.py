@@ -68,6 +68,17 @@ def profile(kinds: tuple[str, ...] = ("test",)):
     return p
 
 
+def uneven_plan() -> Plan:
+    """Two pipelines cut differently: a device holds blocks of two gradient groups, so it issues an
+    all-reduce part-way through its last backward (the compute beside it is slowed by ``overlap``)."""
+    return _plan(
+        [
+            ([(0, 2, ["n0/0"]), (2, 6, ["n1/0"])], [1, 2]),
+            ([(0, 4, ["n0/1"]), (4, 6, ["n1/1"])], [2, 1]),
+        ]
+    )
+
+
 def _plan(pipelines: list[tuple[list[tuple[int, int, list[str]]], list[int]]], optimizer: str = "sgd") -> Plan:
     built = []
     for stages, micro in pipelines:
@@ -159,8 +170,10 @@ def write_case(
     kinds: tuple[str, ...] = ("test",),
     raw: dict[str, Any] | None = None,
     peak_memory: dict[str, dict[str, float]] | None = None,
+    extra: dict[str, Plan] | None = None,
 ) -> tuple[Path, Path, Path]:
-    """Profile, cluster, plans, run logs (or measured iteration times) and the measurements file."""
+    """Profile, cluster, plans (:func:`plans` and ``extra``), run logs (or measured iteration times)
+    and the measurements file."""
     folder.mkdir(parents=True, exist_ok=True)
     raw = copy.deepcopy(raw or CLUSTER)
     prof = profile(kinds)
@@ -168,7 +181,7 @@ def write_case(
     write_yaml(raw, folder / "cluster.yaml")
     true_profile, true_cluster = true_inputs(prof, raw, truth)
     runs = []
-    for name, plan in plans().items():
+    for name, plan in (plans() | (extra or {})).items():
         if names is not None and name not in names:
             continue
         plan.save(folder / f"{name}.yaml")

@@ -81,3 +81,10 @@ def test_a_plain_single_device_run_reads_no_link() -> None:
     plan = Plan(global_batch=2, pipelines=[Pipeline(2, (1, 1), (Stage(0, 2, ("n0/0",), (1.0,)),))], optimizer="sgd")
     reads = {params[j].name for j in relevance(model, [_observation(plan)])[0]}
     assert reads == {f"compute[{A100}]"}
+    # with a run log's per-rank compute, the type's per-call overhead too; no collective beside a
+    # backward, so no overlap slowdown
+    logged = Observation(
+        name="one", plan=plan, compiled=compile_plan(plan, 2), iteration_s=1.0, compute_s={"n0/0": 0.5}
+    )
+    reads = {params[j].name for j in relevance(model, [logged])[0]}
+    assert reads == {f"compute[{A100}]", f"overhead[{A100}]"}

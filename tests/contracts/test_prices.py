@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from builders import run_cli
 
 from hetplan.contracts.catalog import load_catalog
 from hetplan.contracts.cluster import parse_cluster
-from tests.builders import run_cli
 
 
 def _catalog(tmp_path: Path, price: object) -> Path:

@@ -93,9 +93,13 @@ def test_bert_layer_flops_match_gpt() -> None:
 
 def test_korthikanti_activation_bytes_at_two_bytes() -> None:
     s, h, a = 512, 1024, 16
-    blocks = costs("gpt", {"layers": 1, "hidden": h, "heads": a, "seq": s, "vocab": 1000}, "fp16")
+    config = {"layers": 1, "hidden": h, "heads": a, "seq": s, "vocab": 1000}
+    blocks = costs("gpt", {**config, "dropout": "on"}, "fp16")  # the paper's layer: unfused, with dropout
     per_layer = blocks[1].activation_bytes + blocks[2].activation_bytes
     assert per_layer == pytest.approx(s * h * (34 + 5 * a * s / h), rel=1e-12)
+    # without dropout (the default, as the zoo): no masks (a·s² + 2·s·h) and no softmax dropout output
+    plain = costs("gpt", config, "fp16")
+    assert plain[1].activation_bytes + plain[2].activation_bytes == pytest.approx(s * h * 32 + 2 * a * s * s)
 
 
 def test_transformer_output_bytes() -> None:
@@ -343,9 +347,10 @@ def test_unknown_key_suggests_the_close_one() -> None:
 
 def test_families_declare_cli_defaults_and_help() -> None:
     assert set(FAMILIES) == {"gpt", "bert", "resnet", "vgg", "mlp"}
-    assert set(FAMILIES["gpt"].defaults) == {"layers", "hidden", "heads", "seq", "vocab"}
+    assert set(FAMILIES["gpt"].defaults) == {"layers", "hidden", "heads", "seq", "vocab", "attention", "dropout"}
     assert set(FAMILIES["resnet"].defaults) == {"depth", "image_size", "classes"}
     assert set(FAMILIES["vgg"].defaults) == {"depth", "image_size", "classes"}
     assert set(FAMILIES["mlp"].defaults) == {"layers", "width", "input", "classes"}
     for fam in FAMILIES.values():
-        assert fam.help and all(isinstance(v, int) and v > 0 for v in fam.defaults.values())
+        # integers, or named choices (the attention kernel, dropout)
+        assert fam.help and all((isinstance(v, int) and v > 0) or isinstance(v, str) for v in fam.defaults.values())

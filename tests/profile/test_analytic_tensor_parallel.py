@@ -44,7 +44,7 @@ def test_degrees_divide_heads_and_ffn_and_replicate_embedding_and_head() -> None
 
 
 def test_per_device_params_and_activations_at_degree_2_by_hand() -> None:
-    profile = _profile()
+    profile = _profile({**SMALL, "dropout": "on"})  # Korthikanti's layer: unfused attention, dropout
     attn, mlp = profile.blocks[1], profile.blocks[2]
     two_attn, two_mlp = attn.tensor_parallel[2], mlp.tensor_parallel[2]
     # h = 64, f = 256, s = 16, a = 4, d = 2, t = 2
@@ -67,7 +67,7 @@ def test_per_device_params_and_activations_at_degree_2_by_hand() -> None:
 
 @pytest.mark.parametrize("t", [2, 4, 8])
 def test_seven_b_layer_activations_follow_korthikanti(t: int) -> None:
-    config = {"layers": 1, "hidden": 4096, "heads": 32, "seq": 4096}
+    config = {"layers": 1, "hidden": 4096, "heads": 32, "seq": 4096, "dropout": "on"}  # the paper's layer
     catalog = load_catalog()
     profile = analytic_profile("gpt", config, devices=[catalog.get("A100-40GB")], dtype="fp16", micro_batches=(1,))
     s, h, a = 4096, 4096, 32

@@ -72,12 +72,14 @@ def _scheduler_scenario(rank: int, world: int, out: Path) -> None:
 
 
 WAVE, WAVE_STEPS = 2, 4
+LOCAL_LR, TO_MEAN = 0.1, 2.0  # the workers' local SGD step and their batch share's inverse
 AVERAGE_BATCHES = {0: 1, 1: 3, 2: 2, 3: 2}
 AVERAGE_STEPS = 3
 
 
 def _wave_scenario(rank: int, world: int, out: Path) -> None:
-    """WaveSync (wave 2, staleness 0, SGD) on two workers: the server's weights after every wave."""
+    """WaveSync (wave 2, staleness 0, SGD) on two workers: the server's weights at the end, and per
+    step each worker's weights before, its gradient there, and what WaveSync gave back."""
     central = world - 1
     numel = sum(torch.Size(s).numel() for s in SHAPES.values())
     if rank == central:
@@ -92,12 +94,14 @@ def _wave_scenario(rank: int, world: int, out: Path) -> None:
         return
     sync = WaveSync(PsClient(central, numel, rank=rank), wave=WAVE, staleness=0)
     weights = sync.start()
+    steps = []
     for step in range(WAVE_STEPS):
-        pulled = sync.after_step(step, _grad(rank, step, weights))
-        if pulled is not None:
-            weights = pulled
+        grad = _grad(rank, step, weights)
+        got = sync.after_step(step, weights, grad, lr=LOCAL_LR, to_mean=TO_MEAN)
+        steps.append((weights, grad, got.weights, got.pulled))
+        weights = got.weights
     sync.stop()
-    torch.save(sync.log, out / f"wave-log-{rank}.pt")
+    torch.save({"log": sync.log, "steps": steps}, out / f"wave-log-{rank}.pt")
 
 
 def _average_scenario(rank: int, world: int, out: Path) -> None:
@@ -139,12 +143,12 @@ def _ps_scenario(rank: int, world: int, out: Path, staleness: int, optimizer: st
         torch.save({"weights": weights, "pulls": ps.log.pulls, "steps": ps.log.steps}, out)
         return
     client = PsClient(server, numel, rank=rank)
-    _, weights = client.pull(0)
+    weights = client.pull(0).flat
     for clock in range(WAVES):
         if rank == slow:
             time.sleep(0.15)
         client.push(clock, _grad(rank, clock, weights))
-        _, weights = client.pull(clock + 1 - staleness)
+        weights = client.pull(clock + 1 - staleness).flat
     client.stop()
 
 
@@ -217,17 +221,39 @@ def test_each_ready_step_is_grouped_once_in_step_order(results: list[dict]) -> N
     assert len(log[0][0]) == 2
 
 
+def test_wave_sync_updates_locally_inside_a_wave(results: list[dict]) -> None:
+    """Wave 2, staleness 0: inside a wave each worker's second step starts from its own first
+    step's local update (and sees no other worker's); at the wave's end it gets the pulled weights."""
+    wave = results[len(SCENARIOS) + 1]
+    for r in range(2):
+        steps = wave[r]["steps"]
+        for s in range(0, WAVE_STEPS, WAVE):
+            before, grad, after, pulled = steps[s]
+            assert not pulled
+            assert not torch.equal(after, before)  # it moved, by exactly its own local SGD step
+            torch.testing.assert_close(after - before, -LOCAL_LR * TO_MEAN * grad, atol=1e-6, rtol=0)
+            assert torch.equal(steps[s + 1][0], after)  # and the next step computes there
+            assert steps[s + 1][3]  # the wave's end pulls
+        # the other worker's first step is not in this one's weights inside the wave
+        assert not torch.equal(wave[0]["steps"][0][2], wave[1]["steps"][0][2])
+
+
 def test_wave_sync_is_synchronous_training_over_waves(results: list[dict]) -> None:
-    """Wave 2, staleness 0: each wave's gradient summed over its steps and workers at the wave's
-    starting weights, one SGD step per wave."""
+    """Wave 2, staleness 0: each wave's gradient summed over its steps and workers, each step's at
+    the worker's locally updated weights, one SGD step per wave on the server."""
     wave = results[len(SCENARIOS) + 1]
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s)) for s in SHAPES.values()]
     opt = make_optimizer("sgd", params, lr=0.05)
     for clock in range(WAVE_STEPS // WAVE):
         weights = torch.cat([p.detach().flatten() for p in params])
-        steps = range(clock * WAVE, (clock + 1) * WAVE)
-        total = sum(_grad(r, s, weights) for r in range(2) for s in steps)
+        total = torch.zeros_like(weights)
+        for r in range(2):  # written out here: local SGD steps from the wave's starting weights
+            local = weights.clone()
+            for s in range(clock * WAVE, (clock + 1) * WAVE):
+                grad = _grad(r, s, local)
+                total += grad
+                local = local - LOCAL_LR * TO_MEAN * grad
         offset = 0
         for p in params:
             p.grad = total[offset : offset + p.numel()].view_as(p).clone()
@@ -235,7 +261,7 @@ def test_wave_sync_is_synchronous_training_over_waves(results: list[dict]) -> No
         opt.step()
     assert torch.allclose(wave["weights"], torch.cat([p.detach().flatten() for p in params]), atol=1e-6)
     for r in range(2):
-        assert [e["waves_ahead"] for e in wave[r]] == [0] * (WAVE_STEPS // WAVE)
+        assert [e["waves_ahead"] for e in wave[r]["log"]] == [0] * (WAVE_STEPS // WAVE)
 
 
 def test_group_average_is_the_share_weighted_mean_of_the_group(results: list[dict]) -> None:

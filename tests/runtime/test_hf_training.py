@@ -172,9 +172,11 @@ def test_an_hf_model_trains_as_its_own_single_process_loop(tmp_path, text_data, 
 
 
 def test_llama_at_tensor_parallel_2_equals_tensor_parallel_1(tmp_path, text_data) -> None:
-    """Llama's own base_model_tp_plan (q, k, v, gate, up column-parallel; o, down row-parallel) on
-    both stages of a pipeline, against the same pipeline at degree 1: losses and the checkpoint's
-    (joined) weights within 1e-5."""
+    """Llama's own base_model_tp_plan (q, k, v, gate, up column-parallel; o, down row-parallel, run
+    through parallelize_module) on both stages of a pipeline, against the same pipeline at degree 1:
+    losses and the checkpoint's (joined) weights within 1e-5; and the TP 2 checkpoint consolidated
+    is a folder from_pretrained loads, equal to transformers' own single-process loop."""
+    from hetplan.runtime.weights.consolidate import consolidate
 
     def tp_stage(start: int, end: int, *devices: str) -> Stage:
         return Stage(start, end, devices, (1.0,), tensor_parallel=len(devices))
@@ -183,9 +185,16 @@ def test_llama_at_tensor_parallel_2_equals_tensor_parallel_1(tmp_path, text_data
     (tmp_path / "tp2").mkdir()
     one, _, zoo = _launch(tmp_path / "tp1", LLAMA, TWO_STAGES[0], 2, text_data)
     two_stages = [Pipeline(4, (2, 2), (tp_stage(0, 3, "n0/0", "n0/1"), tp_stage(3, 6, "n0/2", "n0/3")))]
-    two, _, _ = _launch(tmp_path / "tp2", LLAMA, two_stages, 4, text_data)
+    two, config, _ = _launch(tmp_path / "tp2", LLAMA, two_stages, 4, text_data)
     losses = [r["loss"] for r in one.records if r["rank"] == 0]
     assert [r["loss"] for r in two.records if r["rank"] == 0] == pytest.approx(losses, abs=1e-5)
+    plain_losses, final = _plain_loop(zoo, text_data, config["training"]["global_batch"], config["training"]["lr"])
+    assert losses == pytest.approx(plain_losses, abs=1e-5)
+    consolidate(tmp_path / "tp2" / "ckpt", tmp_path / "out")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").state_dict()
+    assert set(loaded) == set(final)
+    for key, value in final.items():
+        torch.testing.assert_close(loaded[key], value, atol=1e-5, rtol=0, msg=key)
     for i in range(zoo.n_blocks):
         a, b = read_block(tmp_path / "tp1" / "ckpt", i).params, read_block(tmp_path / "tp2" / "ckpt", i).params
         assert set(a) == set(b)

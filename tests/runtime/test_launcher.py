@@ -22,7 +22,7 @@ from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.contracts.yamlio import write_yaml
 from hetplan.emit import build_rank_config
 from hetplan.errors import HetplanError
-from hetplan.runtime.launcher import _torchrun_args, _worker_args, launch_local
+from hetplan.runtime.launcher import RANK_START_ENV, _torchrun_args, _worker_args, launch_local
 from hetplan.runtime.reference import train_reference
 
 GPT = {"family": "gpt", "config": {"layers": 2, "hidden": 32, "heads": 2, "seq": 8, "vocab": 31}}
@@ -76,7 +76,9 @@ def test_the_worker_arguments_reach_the_worker_through_torchrun_parser_intact(tm
 
 
 @needs_proc
-def test_a_killed_rank_gives_one_line_within_seconds_and_no_process_remains(tmp_path) -> None:
+@pytest.mark.parametrize("rank_start", ["fork", "spawn"])
+def test_a_killed_rank_gives_one_line_within_seconds_and_no_process_remains(tmp_path, monkeypatch, rank_start) -> None:
+    monkeypatch.setenv(RANK_START_ENV, rank_start)  # the same line whether the agent forks or spawns ranks
     path, _ = _config(tmp_path, TWO_STAGES, timeout=15)
     first_step: list[float] = []
     start = time.time()
@@ -96,6 +98,50 @@ def test_a_killed_rank_gives_one_line_within_seconds_and_no_process_remains(tmp_
     assert message.startswith("the run stopped: rank 1 (n0/1) died (SIGKILL); rank 0 (n0/0) step ")
     assert "waiting on" in message  # the survivor's action
     assert not [pid for pid in _worker_pids(tmp_path / "run") if _alive(pid)]
+
+
+class _SeenError(Exception):
+    """Raised from a step callback once the live ranks have been looked at: ends the run there."""
+
+
+@needs_proc
+@pytest.mark.parametrize("rank_start", ["fork", "spawn"])
+def test_ranks_lead_sessions_of_their_own_whether_forked_by_the_agent_or_spawned(
+    tmp_path, monkeypatch, rank_start
+) -> None:
+    """A forked rank looks to the launcher like one torchrun spawned (its own session, ended by
+    process group); only what it was started from differs: the agent's process, or a fresh worker."""
+    monkeypatch.setenv(RANK_START_ENV, rank_start)
+    path, _ = _config(tmp_path, TWO_STAGES)
+    seen: dict[int, tuple[list[str], str]] = {}
+
+    def look(_line) -> None:
+        for pid in _worker_pids(tmp_path / "run"):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            seen[pid] = (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split(), cmdline)
+        raise _SeenError
+
+    with pytest.raises(_SeenError):
+        launch_local(path, steps=100_000, run_dir=tmp_path / "run", on_step=look)
+    assert len(seen) == 2
+    for pid, (stat, cmdline) in seen.items():
+        assert int(stat[3]) == pid and int(stat[2]) == pid  # session and process group leader
+        started_from = "hetplan.runtime.launcher" if rank_start == "fork" else "hetplan.runtime.worker"
+        assert started_from in cmdline, cmdline
+    assert not [pid for pid in seen if _alive(pid)]
+    with pytest.raises(HetplanError, match="HETPLAN_RANK_START"):
+        monkeypatch.setenv(RANK_START_ENV, "vfork")
+        launch_local(path, steps=1)
+
+
+def test_a_forking_agent_is_asked_for_torchruns_fork_start_and_the_forked_rank_script(tmp_path) -> None:
+    from torch.distributed.run import parse_args
+
+    worker = _worker_args(tmp_path / "c.yaml", ["n0"], steps=3, work=tmp_path, threads=1)
+    args = parse_args(_torchrun_args(2, tmp_path, worker, fork=True))
+    assert args.start_method == "fork" and args.run_path and not args.module
+    assert args.training_script == str(ROOT / "planner" / "runtime" / "forked_rank.py")
+    assert args.training_script_args == worker[2:]
 
 
 @needs_proc

@@ -22,6 +22,7 @@ from builders import zoo_profile
 from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.contracts.runlog import load_run_log
 from hetplan.contracts.yamlio import write_yaml
+from hetplan.runtime.launcher import RANK_START_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT = {"family": "gpt", "config": {"layers": 2, "hidden": 32, "heads": 2, "seq": 8, "vocab": 31}}
@@ -76,15 +77,24 @@ def _wait_for(what, *, timeout: float, proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize(
-    ("target", "sig"),
-    [("launch", signal.SIGTERM), ("launch", signal.SIGHUP), ("launch", signal.SIGINT), ("agent", signal.SIGTERM)],
+    ("target", "sig", "rank_start"),
+    [
+        ("launch", signal.SIGTERM, "fork"),
+        ("launch", signal.SIGHUP, "fork"),
+        ("launch", signal.SIGINT, "fork"),
+        ("agent", signal.SIGTERM, "fork"),
+        # torchrun's default start (a fresh Python per rank), what runs across machines: the same behaviour
+        ("launch", signal.SIGTERM, "spawn"),
+        ("agent", signal.SIGTERM, "spawn"),
+    ],
 )
-def test_a_signal_stops_every_rank_writes_the_log_and_leaves_no_process(tmp_path, target, sig) -> None:
+def test_a_signal_stops_every_rank_writes_the_log_and_leaves_no_process(tmp_path, target, sig, rank_start) -> None:
     plan, log, tmp = _plan(tmp_path), tmp_path / "run.jsonl", tmp_path / "tmp"
     tmp.mkdir()
     env = dict(
         os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     )
+    env[RANK_START_ENV] = rank_start
     argv = ["launch", str(plan), "--steps", "100000", "--log-every", "1000", "--log", str(log)]
     proc = subprocess.Popen(
         [sys.executable, "-c", ENTRY, *argv],

@@ -137,3 +137,14 @@ def test_a_checkpoint_saved_at_tp2_resumes_at_tp1_and_back_at_tp2(tmp_path) -> N
     assert one.records[0]["loss"] == pytest.approx(losses[2], abs=1e-5)
     assert two.records[0]["loss"] == pytest.approx(losses[3], abs=1e-5)
     assert read_block(tmp_path / "ckpt-a", 3).params["qkv.weight"].shape == (96, 32)  # whole, not a shard
+
+
+@pytest.mark.parametrize(("ts", "tr"), [(2, 2), (2, 1)], ids=["tp2-tp2", "tp2-tp1"])
+def test_split_boundary_sends_train_as_the_reference(tmp_path, ts: int, tr: int) -> None:
+    """Two stages at TP 2 (and TP 2 then 1): each member sends its chunk of the boundary activation
+    (and gets its chunk of the gradient back), the receiving group all-gathers (schedule/boundary.py).
+    Same losses and weights as one process."""
+    first = tuple(f"n0/{i}" for i in range(ts))
+    second = tuple(f"n0/{ts + i}" for i in range(tr))
+    plan = _plan([Pipeline(6, (3, 3), (_stage(0, 3, *first, tp=ts), _stage(3, 6, *second, tp=tr)))])
+    _check(tmp_path, plan)

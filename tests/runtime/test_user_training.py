@@ -653,3 +653,48 @@ def test_a_resnet_trains_on_a_user_image_dataset_as_one_process(tmp_path, monkey
         saved = read_block(tmp_path / "ckpt", i).params
         for key, value in block.named_parameters():  # parameters: each replica keeps its own BN statistics
             torch.testing.assert_close(saved[key], value.detach(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.usefixtures("user_models_path")
+def test_a_plain_resnet_module_splits_and_trains_as_the_unsplit_model(tmp_path, monkeypatch) -> None:
+    """torchvision's ResNet layout (tests/models/tv_like.py), returned whole by its factory: split at
+    its chain (stem, each BasicBlock, head), two stages, a user image dataset; against plain PyTorch
+    on the unsplit module: losses and weights within 1e-5, and the consolidated checkpoint is the
+    module's own state_dict (BatchNorm statistics too: one micro-batch, the whole batch, as one process)."""
+    import tv_like
+
+    from hetplan.models import derive_seed
+    from hetplan.runtime.weights.consolidate import consolidated_state
+
+    name = f"user_images_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(IMAGE_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ["PYTHONPATH"]]))
+    model = {"factory": "tv_like:resnet18", "config": {"num_classes": 4}, "input_shape": [3, 64, 64]}
+    zoo = resolve_model(model)
+    assert zoo.block_names()[0] == "conv1" and zoo.block_names()[-1] == "fc"
+    n = zoo.n_blocks
+    pipelines = [Pipeline(8, (8,), (_stage(0, 4, "n0/0"), _stage(4, n, "n0/1")))]
+    steps = 2
+    spec = f"{name}:build"
+    result, config = _launch_model(
+        tmp_path, model, pipelines, 2, steps=steps, dataset=spec, dataset_kwargs={"size": 16}
+    )
+    with torch.random.fork_rng(devices=[]):  # the factory's own call, as hetplan makes it
+        torch.manual_seed(derive_seed("factory", SEED))
+        plain = tv_like.resnet18(num_classes=4)
+    data = UserDataset(spec, {"size": 16}, zoo=zoo, global_batch=8, seed=SEED)
+    optimizer = torch.optim.SGD(plain.parameters(), lr=config["training"]["lr"])
+    losses = []
+    for step in range(steps):
+        x, y = data.read(step, 0, 8)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(plain(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    assert [r["loss"] for r in result.records if r["rank"] == 0] == pytest.approx(losses, abs=1e-5)
+    state, _, _ = consolidated_state(tmp_path / "ckpt")
+    assert set(state) == set(plain.state_dict())
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(state[key], value, atol=1e-5, rtol=0, msg=key)

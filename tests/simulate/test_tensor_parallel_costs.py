@@ -4,6 +4,7 @@ walk: closed forms on tiny hand-built cases, and the search's tables agreeing wi
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from builders import make_cluster
@@ -307,3 +308,60 @@ def test_tables_time_and_memory_of_ranges_past_blocks_without_the_degree() -> No
             assert tables.stage_memory(device.type, 3, 7, m=2, in_flight=2, tp=tp, recompute=recompute) < float("inf")
     assert math.isnan(tables.stage_time(A100, 2, 0, 7, tp=2, tp_link=c.node("n0").link))  # the embedding lacks 2
     assert tables.stage_memory(device.type, 0, 7, m=2, in_flight=2, tp=2) == float("inf")
+
+
+# ------------------------------------------------------------------ split boundary sends (§14.1)
+def _spans(result, label: str) -> list[float]:
+    return [hi - lo for _, _, lo, hi, text in result.timeline if text == label]
+
+
+@pytest.mark.parametrize(("ts", "tr"), [(2, 2), (2, 4), (4, 2), (1, 2)])
+def test_split_boundary_sends_carry_a_chunk_each_then_the_receivers_all_gather(ts: int, tr: int) -> None:
+    """Member k of a degree-tr receiver gets chunk k (1/tr of the 3-sample, 2400-byte boundary) from
+    sender member k mod ts, and the receivers all-gather the whole buffer in a ring over their node;
+    gradients go back the same way, chunked by the sender stage's degree."""
+    profile = tp_profile()
+    profile.blocks = [
+        replace(b, tensor_parallel={**b.tensor_parallel, 4: b.tensor_parallel[2]}) for b in profile.blocks
+    ]
+    senders = tuple(f"n0/{i}" for i in range(ts))
+    receivers = tuple(f"n0/{ts + i}" for i in range(tr))
+    stages = (Stage(0, 1, senders, (1.0,), tensor_parallel=ts), Stage(1, 2, receivers, (1.0,), tensor_parallel=tr))
+    plan = Plan(global_batch=3, pipelines=[Pipeline(3, (3,), stages)], optimizer="sgd")
+    result = simulate(plan, profile, cluster(per_node=8), timeline=True)
+    whole = 800.0 * 3
+    for k, dst in enumerate(receivers):
+        src = senders[k % ts]
+        part = whole / tr if tr > 1 else whole
+        assert _spans(result, f"transfer of micro-batch 0 {src} -> {dst}") == [pytest.approx(part / BW + LAT)]
+    for k, dst in enumerate(senders):  # gradients: sender member k from receiver member k mod tr
+        src = receivers[k % tr]
+        part = whole / ts if ts > 1 else whole
+        assert _spans(result, f"transfer of micro-batch 0 {src} -> {dst}") == [pytest.approx(part / BW + LAT)]
+    gathers = [(text, hi - lo) for _, kind, lo, hi, text in result.timeline if "boundary all-gather" in text]
+    expected = {"stage 1": tr, "stage 0": ts}
+    for stage, degree in expected.items():
+        mine = [d for text, d in gathers if stage in text]
+        if degree == 1:
+            assert not mine
+        else:  # drawn once on each member
+            assert mine == [pytest.approx(ring(whole, degree) / 2)] * degree
+
+
+def test_split_pieces_cover_the_buffer_once_where_the_degree_does_not_divide_it() -> None:
+    """15 elements (3 samples of 5) into a degree-4 replica fed by two senders ([0, 2) and [2, 3)):
+    chunks of ceil(15/4) = 4 elements, the last one 3; every element arrives exactly once."""
+    from hetplan.schedule.boundary import chunk, piece
+    from hetplan.schedule.compile import DeviceProgram
+
+    group = tuple(f"n0/{k}" for k in range(4))
+    members = [DeviceProgram(a, 0, 1, 0, 1, 2, (3,), (0,), tp_group=group, tp_rank=k) for k, a in enumerate(group)]
+    assert [chunk(m, 0, 5) for m in members] == [(0, 4), (4, 8), (8, 12), (12, 15)]
+    covered = []
+    for m in members:
+        for lo, hi in ((0, 2), (2, 3)):
+            a, b = piece(lo, hi, 5, m, 0)
+            covered.extend(range(a, b))
+    assert sorted(covered) == list(range(15))
+    whole = DeviceProgram("n1/0", 0, 1, 0, 1, 2, (3,), (0,))  # degree 1: not split
+    assert piece(0, 2, 5, whole, 0) == (0, 10)

@@ -18,7 +18,7 @@ from hetplan.contracts.model_profile import load_profile
 from hetplan.contracts.paths import bundled_profiles_dir
 from hetplan.contracts.plan import load_plan
 from hetplan.errors import HetplanError
-from hetplan.simulate.together import simulate_together
+from hetplan.simulate.together import POLICIES, RUNTIME_POLICIES, simulate_together
 from hetplan.simulate.together_files import load_jobs
 from hetplan.solve.coplan import (
     CoPlanOptions,
@@ -104,10 +104,11 @@ def test_sub_clusters_keep_links_and_map_back() -> None:
 
 def test_co_plan_keeps_both_jobs_within_the_fairness_bound(tmp_path: Path) -> None:
     """At 2.0 the best pair slows a job by more than 1.6x; at 1.6 another pair (or policy) is chosen
-    within it; at 1.3 no pair qualifies: one line naming --fairness."""
+    within it; at 1.3 no pair qualifies: one line naming --fairness. Both policies are tried here
+    (`--policy both`): under first-come alone this pair's best is already within 1.6x."""
     cluster_path = _cluster_file(tmp_path)
     a_path, b_path = _profile_files(tmp_path)
-    opts = CoPlanOptions(batch_a=16, batch_b=16, **SMALL)
+    opts = CoPlanOptions(batch_a=16, batch_b=16, policies=POLICIES, **SMALL)
     profiles = load_profile(a_path), load_profile(b_path)
     pools = co_plan_candidates(*profiles, load_cluster(cluster_path), opts)
     worst = {}
@@ -127,11 +128,21 @@ def test_co_plan_keeps_both_jobs_within_the_fairness_bound(tmp_path: Path) -> No
     written, summary = write_co_plan(result, out, profile_a=a_path, profile_b=b_path, cluster=cluster_path)
     assert [p.name for p in written] == ["plan-a.yaml", "plan-b.yaml", "summary.yaml"]
     jobs = load_jobs([out / "plan-a.yaml", out / "plan-b.yaml"])
-    again = simulate_together(jobs, policy=summary["chosen"].get("policy") or "crossover", iterations=4)
+    again = simulate_together(jobs, policy=summary["chosen"].get("policy") or "first-come", iterations=4)
     for j, written_job in zip(again.jobs, summary["chosen"]["jobs"].values(), strict=True):
         assert j.co_iteration_s == pytest.approx(written_job["iteration_s"], rel=1e-6)
         assert j.co_iteration_s <= 1.6 * summary["jobs"][j.label]["solo_iteration_s"] * (1 + 1e-9)
         assert written_job["slowdown"] <= 1.6
+    # crossover, where chosen, is marked as a what-if the runtime does not run
+    if summary["chosen"].get("policy") == "crossover":
+        assert summary["chosen"]["runs"].startswith("simulated only: hetplan launch A B runs first-come")
+    # by default only what `hetplan launch A B` runs is tried: first-come, never crossover
+    assert CoPlanOptions(batch_a=1, batch_b=1).policies == RUNTIME_POLICIES == ("first-come",)
+    default = choose(pools, replace(opts, fairness=2.0, policies=RUNTIME_POLICIES))
+    assert default.chosen.policy in ("first-come", "")
+    # ties go to a policy the runtime runs: with both tried, first-come is simulated first
+    both_orders = [choose(pools, replace(opts, fairness=2.0, policies=p)) for p in (POLICIES, POLICIES[::-1])]
+    assert both_orders[0].chosen.policy == both_orders[1].chosen.policy
     with pytest.raises(HetplanError, match=r"no pair of plans keeps both jobs within 1\.3x") as err:
         choose(pools, replace(opts, fairness=1.3))
     assert err.value.field == "--fairness"
@@ -197,3 +208,19 @@ def test_co_plan_bad_input_is_one_line(tmp_path: Path, capsys) -> None:
     with pytest.raises(HetplanError, match=r"at least 1\.0") as err:
         co_plan(None, None, None, CoPlanOptions(batch_a=1, batch_b=1, fairness=0.9))  # type: ignore[arg-type]
     assert err.value.field == "--fairness"
+
+
+def test_a_crossover_choice_is_marked_simulated_only() -> None:
+    """crossover is a what-if the runtime does not run: where chosen, the summary says so; first-come
+    (what `hetplan launch A B` runs) carries no such mark."""
+    from types import SimpleNamespace
+
+    from hetplan.solve.coplan import Arrangement, _arrangement_summary
+
+    cand = SimpleNamespace(label="whole cluster: plan", prepared=SimpleNamespace(devices=("n0/0",)))
+    for policy, marked in (("crossover", True), ("first-come", False)):
+        arr = Arrangement("1 GPUs shared", policy, (cand, cand), (2.0, 3.0), 10.0)
+        out = _arrangement_summary(arr, (1.0, 1.5), None)
+        assert ("runs" in out) == marked, policy
+        if marked:
+            assert out["runs"] == "simulated only: hetplan launch A B runs first-come (docs/co-scheduling.md)"

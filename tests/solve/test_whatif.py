@@ -6,6 +6,7 @@ import functools
 import itertools
 
 import pytest
+from builders import make_profile
 
 from hetplan.contracts.cluster import parse_cluster
 from hetplan.contracts.pool import parse_pool
@@ -14,7 +15,6 @@ from hetplan.solve.search import PlanOptions
 from hetplan.solve.training import plan_training
 from hetplan.solve.whatif import Objective, what_if, what_if_space
 from hetplan.solve.whatif_report import pareto_front, what_if_summary
-from tests.builders import make_profile
 
 # per block (fwd, bwd) seconds per sample: A100 fastest, V100 next; a T4 so slow that one sample
 # of one block on it takes longer than the whole batch on the V100 (it can only slow a plan)

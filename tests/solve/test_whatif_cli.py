@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from builders import make_profile, run_cli
 
 from hetplan.contracts.cluster import load_cluster
 from hetplan.contracts.plan import load_plan
 from hetplan.errors import HetplanError
 from hetplan.solve.whatif import OBJECTIVES
-from tests.builders import make_profile, run_cli
 
 
 @pytest.fixture

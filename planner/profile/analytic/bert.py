@@ -88,10 +88,15 @@ def blocks(config: dict[str, int], dtype: str) -> list[BlockCost]:
     """The block list for a full, checked config."""
     d = dtype_bytes(dtype)
     s, h, a, v = config["seq"], config["hidden"], config["heads"], config["vocab"]
+    dropout = config["dropout"] == "on"
     out = [_embedding(s, h, v, config["positions"], d)]
     for i in range(config["layers"]):
-        out.append(attention_block(f"layer{i}.attn", seq=s, hidden=h, heads=a, dtype_bytes=d))
-        out.append(mlp_block(f"layer{i}.mlp", seq=s, hidden=h, ffn=4 * h, dtype_bytes=d))
+        out.append(
+            attention_block(
+                f"layer{i}.attn", seq=s, hidden=h, heads=a, dtype_bytes=d, kernel=config["attention"], dropout=dropout
+            )
+        )
+        out.append(mlp_block(f"layer{i}.mlp", seq=s, hidden=h, ffn=4 * h, dtype_bytes=d, dropout=dropout))
     out.append(_head(s, h, v, d))
     return out
 

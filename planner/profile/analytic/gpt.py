@@ -31,8 +31,9 @@ __all__ = ["DEFAULTS", "HELP", "blocks", "blocks_at", "check", "embedding_block"
 TOKEN_ID_BYTES = 8
 
 
-def embedding_block(*, seq: int, hidden: int, vocab: int, positions: int, d: int) -> BlockCost:
-    """Token and position lookups, their sum and dropout (GPT-2 layout, no LayerNorm)."""
+def embedding_block(*, seq: int, hidden: int, vocab: int, positions: int, d: int, dropout: bool = True) -> BlockCost:
+    """Token and position lookups, their sum and dropout (GPT-2 layout, no LayerNorm); without
+    dropout it keeps nothing for backward (a lookup needs only the ids)."""
     s, h = seq, hidden
     params = vocab * h + positions * h
     traffic = s * TOKEN_ID_BYTES + 5 * s * h * d + s * h
@@ -42,7 +43,7 @@ def embedding_block(*, seq: int, hidden: int, vocab: int, positions: int, d: int
         params=params,
         param_bytes=float(params * d),
         flops_fwd=0.0,
-        activation_bytes=float(s * h),  # the dropout mask; lookups need only the ids
+        activation_bytes=float(s * h if dropout else 0.0),  # the dropout mask; lookups need only the ids
         output_bytes=float(s * h * d),
         weight_traffic=0.0,  # a lookup reads s rows per sample, counted below, not the table
         # ids read, two rows gathered, sum written, dropout read+write, mask written
@@ -89,10 +90,15 @@ def blocks(config: dict[str, int], dtype: str) -> list[BlockCost]:
     """The block list for a full, checked config."""
     d = dtype_bytes(dtype)
     s, h, a, v = config["seq"], config["hidden"], config["heads"], config["vocab"]
-    out = [embedding_block(seq=s, hidden=h, vocab=v, positions=s, d=d)]
+    dropout = config["dropout"] == "on"
+    out = [embedding_block(seq=s, hidden=h, vocab=v, positions=s, d=d, dropout=dropout)]
     for i in range(config["layers"]):
-        out.append(attention_block(f"layer{i}.attn", seq=s, hidden=h, heads=a, dtype_bytes=d))
-        out.append(mlp_block(f"layer{i}.mlp", seq=s, hidden=h, ffn=4 * h, dtype_bytes=d))
+        out.append(
+            attention_block(
+                f"layer{i}.attn", seq=s, hidden=h, heads=a, dtype_bytes=d, kernel=config["attention"], dropout=dropout
+            )
+        )
+        out.append(mlp_block(f"layer{i}.mlp", seq=s, hidden=h, ffn=4 * h, dtype_bytes=d, dropout=dropout))
     out.append(lm_head_block(seq=s, hidden=h, vocab=v, d=d))
     return out
 

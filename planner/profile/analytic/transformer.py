@@ -44,7 +44,15 @@ from __future__ import annotations
 
 from hetplan.profile.analytic.base import BlockCost, dtype_bytes, gemm_work, memory_work
 
-__all__ = ["attention_block", "attention_params", "layer_blocks_at", "mlp_block", "mlp_params", "tp_divides"]
+__all__ = [
+    "attention_block",
+    "attention_core_bytes",
+    "attention_params",
+    "layer_blocks_at",
+    "mlp_block",
+    "mlp_params",
+    "tp_divides",
+]
 
 
 def tp_divides(tp: int, *, heads: int, ffn: int) -> bool:
@@ -66,17 +74,42 @@ def mlp_params(hidden: int, ffn: int, tp: int = 1) -> int:
     return 2 * h + (h * f + f) // tp + (f * h) // tp + h
 
 
-def attention_block(name: str, *, seq: int, hidden: int, heads: int, dtype_bytes: int, tp: int = 1) -> BlockCost:
-    """LayerNorm + QKV + scaled-dot-product attention (with dropout) + output projection + residual;
-    at ``tp`` >= 2 what one device of a Megatron tensor-parallel group does and keeps."""
+def attention_core_bytes(
+    *, seq: int, heads: int, dtype_bytes: int, tp: int = 1, kernel: str = "unfused", dropout: bool = True
+) -> float:
+    """Per sample, what the attention core keeps for backward beyond Q, K, V and its output
+    (:mod:`hetplan.families.attention`): ``unfused`` the softmax output a·s²·d/t, with dropout also
+    its dropout output and 1-byte mask, a·s²·(2d + 1)/t (Korthikanti et al. 2022); ``fused``
+    (FlashAttention, SDPA) the fp32 logsumexp per row, a·s·4/t, dropout or not."""
+    s, a, d, t = seq, heads, dtype_bytes, tp
+    if kernel == "fused":
+        return a * s * 4.0 / t
+    return a * s * s * ((2 * d + 1) if dropout else d) / t
+
+
+def attention_block(
+    name: str,
+    *,
+    seq: int,
+    hidden: int,
+    heads: int,
+    dtype_bytes: int,
+    tp: int = 1,
+    kernel: str = "unfused",
+    dropout: bool = True,
+) -> BlockCost:
+    """LayerNorm + QKV + scaled-dot-product attention + output projection + residual; at ``tp``
+    >= 2 what one device of a Megatron tensor-parallel group does and keeps. ``kernel`` decides what
+    the attention core keeps (:func:`attention_core_bytes`); the time model prices the unfused one."""
     s, h, a, d, t = seq, hidden, heads, dtype_bytes, tp
     params = attention_params(h, t)
     flops = (2.0 * s * h * 3 * h + 2.0 * 2 * s * s * h + 2.0 * s * h * h) / t
-    # Korthikanti: LN input, QKV input, the residual dropout mask (whole: s·h·(2d + 1)); Q and K,
-    # V, output-projection input (4 tensors of s·h/t); softmax output and its dropout output
-    # (a·s²/t each), the attention dropout mask (a·s²/t, 1 byte).
-    selective = a * s * s * (2 * d + 1) / t
-    activation = s * h * (2 * d + 1) + 4 * s * h * d / t + selective
+    # Korthikanti: LN input, QKV input, the residual dropout mask (whole: s·h·(2d + 1), the mask
+    # only with dropout); Q and K, V, output-projection input (4 tensors of s·h/t); the core's own
+    # tensors by kernel (unfused with dropout: softmax output and its dropout output, a·s²/t each,
+    # and the mask, a·s²/t, 1 byte).
+    selective = attention_core_bytes(seq=s, heads=a, dtype_bytes=d, tp=t, kernel=kernel, dropout=dropout)
+    activation = s * h * (2 * d + (1 if dropout else 0)) + 4 * s * h * d / t + selective
     # Unfused forward: LN read+write 2, out-projection output 1, dropout+residual read 2 write 1
     # (whole s·h: 6); QKV read 1 (whole) write 3, QKᵀ read 2, AV read 1 write 1, out projection
     # read 1 (s·h/t: 9, less the whole QKV read); scores written, softmax read+write, dropout
@@ -119,15 +152,17 @@ def attention_block(name: str, *, seq: int, hidden: int, heads: int, dtype_bytes
     )
 
 
-def mlp_block(name: str, *, seq: int, hidden: int, ffn: int, dtype_bytes: int, tp: int = 1) -> BlockCost:
+def mlp_block(
+    name: str, *, seq: int, hidden: int, ffn: int, dtype_bytes: int, tp: int = 1, dropout: bool = True
+) -> BlockCost:
     """LayerNorm + up projection + GeLU + down projection + dropout + residual; at ``tp`` >= 2 what
     one device of a Megatron tensor-parallel group does and keeps."""
     s, h, f, d, t = seq, hidden, ffn, dtype_bytes, tp
     params = mlp_params(h, f, t)
     flops = 2.0 * s * h * f * 2 / t
-    # Korthikanti: LN input, up-projection input, dropout mask (whole: s·h·(2d + 1)); GeLU input,
-    # down-projection input (s·f/t each).
-    activation = s * h * (2 * d + 1) + 2 * s * f * d / t
+    # Korthikanti: LN input, up-projection input, dropout mask (whole: s·h·(2d + 1), the mask only
+    # with dropout); GeLU input, down-projection input (s·f/t each).
+    activation = s * h * (2 * d + (1 if dropout else 0)) + 2 * s * f * d / t
     # Unfused forward: LN 2·s·h, up s·h + s·f/t, GeLU 2·s·f/t, down s·f/t + s·h, dropout+residual 3·s·h.
     traffic = d * s * (7 * h + 4 * f / t) + s * h
     parts = (
@@ -167,9 +202,14 @@ def layer_blocks_at(config: dict[str, int], dtype: str, tp: int, *, whole: list[
     n_blocks = 2 * config["layers"] + 2
     if tp < 2 or not tp_divides(tp, heads=a, ffn=4 * h):
         return [None] * n_blocks
+    kernel, dropout = config.get("attention", "unfused"), config.get("dropout", "on") == "on"
     out: list[BlockCost | None] = [whole[0]]
     for i in range(config["layers"]):
-        out.append(attention_block(f"layer{i}.attn", seq=s, hidden=h, heads=a, dtype_bytes=d, tp=tp))
-        out.append(mlp_block(f"layer{i}.mlp", seq=s, hidden=h, ffn=4 * h, dtype_bytes=d, tp=tp))
+        out.append(
+            attention_block(
+                f"layer{i}.attn", seq=s, hidden=h, heads=a, dtype_bytes=d, tp=tp, kernel=kernel, dropout=dropout
+            )
+        )
+        out.append(mlp_block(f"layer{i}.mlp", seq=s, hidden=h, ffn=4 * h, dtype_bytes=d, tp=tp, dropout=dropout))
     out.append(whole[-1])
     return out
