@@ -28,6 +28,8 @@ time skips the least needed; ``SECTIONS`` below has the order and the limits):
   same plan and under 2 pipelines, against 4 uninterrupted steps.
 * ``hf-profile-bf16``: ``hetplan profile`` of real models' shapes from their configs (GPT-2 small;
   TinyLlama-1.1B's Llama config, grouped-query attention), saved under ``profiles/models/``.
+* ``sync-fp16``: every sync mode in fp16 (SGD) with 2 pipelines sharing the GPU, clean and with an
+  overflow forced on one rank: the step skipped wherever the update depends on it.
 
 Results go under ``--out`` (default: this checkout) as ``benchmarks/results/gpu_check-<TYPE>.json``
 and ``.md`` and ``profiles/models/*.yaml``: at most 5 files. The script installs nothing: it runs with
@@ -100,6 +102,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("hf-train-gpt2", 120, 300, "HF GPT-2 (tied head), 2 stages sharing the GPU on tokens, vs the plain loop"),
     Section("checkpoint-bf16", 120, 360, "2 stages sharing the GPU, bf16: save, resume (same plan and another)"),
     Section("hf-profile-bf16", 200, 300, "hetplan profile of HF GPT-2 small and a 1.1B Llama config on the GPU, bf16"),
+    Section("sync-fp16", 200, 400, "every sync mode in fp16 on the GPU, a forced overflow skipped on every rank"),
 )
 SECTION_NAMES = tuple(s.name for s in SECTIONS)
 
@@ -1124,6 +1127,81 @@ def section_hf_profile(check: Check, dtype: str) -> None:
     check.headline = "; ".join(f"{r[0]} {r[1]} blocks, {r[2]} ms/sample" for r in rows)
 
 
+def _print_rank_logs(message: str, lines: int = 25) -> None:
+    """The last lines of each rank's log named in a launch error (``rank logs: DIR``)."""
+    import re
+
+    found = re.search(r"rank logs: ([^)\s]+)", message)
+    if not found or not Path(found.group(1)).is_dir():
+        return
+    for log in sorted(Path(found.group(1)).rglob("*.log")):
+        if log.is_file():
+            print(f"--- {log.name}", *_tail(log, lines), sep="\n", flush=True)
+
+
+def section_sync_fp16(check: Check) -> None:
+    """Each sync mode, 2 pipelines sharing the GPU in fp16 (SGD: a scale error would show), with an
+    overflow forced on rank 1 at step 1 (``HETPLAN_TEST_OVERFLOW``): every rank whose update depends
+    on it skips that step and halves its loss scale; WSP at staleness 0 with one-step waves is the
+    all-reduce run."""
+    import math
+
+    from hetplan.contracts.plan import Pipeline, Plan
+
+    profile = _train_profile(check, "fp16")
+    n = len(profile.blocks)
+    modes = {
+        "allreduce": {},
+        "wsp": {"staleness": 0, "wave": 1},
+        "topk": {"ratio": 0.05},
+        "adasum": {},
+        "sdpipe": {},
+    }
+    rows, losses = [], {}
+    for sync, options in modes.items():
+        pipelines = [Pipeline(GLOBAL_BATCH // 2, (2, 2), (_stage(0, n, f"n0/{i}"),)) for i in range(2)]
+        plan = Plan(GLOBAL_BATCH, pipelines, dtype="fp16", optimizer="sgd", sync=sync, sync_options=options)
+        for forced in (False, True):
+            if forced:
+                os.environ["HETPLAN_TEST_OVERFLOW"] = "1:1"
+            else:
+                os.environ.pop("HETPLAN_TEST_OVERFLOW", None)
+            name = f"fp16-{sync}-{'overflow' if forced else 'clean'}"
+            try:
+                records, _ = _launch(check, plan, profile, check.cluster(2), name=name, steps=3)
+            except Exception as exc:  # one mode failing must not hide the others: record, go on
+                check.expect(False, f"{name}: {exc}"[:300])
+                rows.append([sync, "overflow" if forced else "none", "failed", str(exc)[:200]])
+                _print_rank_logs(str(exc))
+                continue
+            devices = [r for r in records if r.get("device") != "central"]
+            _on_expected_device(check, devices, name)
+            skipped = {s: sorted({bool(r.get("skipped_step")) for r in devices if r["step"] == s}) for s in range(3)}
+            # the job's loss: wsp and sdpipe log each pipeline's own; the pipelines' batches are equal
+            mine = [statistics.fmean(r["loss"] for r in devices if r["step"] == s) for s in range(3)]
+            if not forced:
+                losses[sync] = mine
+                ok = all(math.isfinite(x) for x in mine) and skipped == {0: [False], 1: [False], 2: [False]}
+            elif sync == "sdpipe":  # each pipeline steps on its own gradients: only rank 1's skips
+                ok = skipped[1] == [False, True] and skipped[2] == [False]
+            else:
+                ok = skipped == {0: [False], 1: [True], 2: [False]}
+            check.expect(ok, f"{name}: skipped per step {skipped}, losses {mine}")
+            rows.append([sync, "overflow at step 1 on rank 1" if forced else "none", str(skipped), mine])
+    os.environ.pop("HETPLAN_TEST_OVERFLOW", None)
+    if "wsp" not in losses or "allreduce" not in losses:
+        check.table("fp16, SGD, 2 pipelines sharing the device", ["sync", "forced", "skipped per step", "losses"], rows)
+        return
+    wsp_diff = max(abs(a - b) for a, b in zip(losses["wsp"], losses["allreduce"], strict=True))
+    check.expect(wsp_diff <= SAME_DEVICE_TOLERANCE, f"wsp (staleness 0, waves of 1) vs all-reduce: {wsp_diff:.2e}")
+    check.table("fp16, SGD, 2 pipelines sharing the device", ["sync", "forced", "skipped per step", "losses"], rows)
+    check.figures.update(wsp_vs_allreduce=wsp_diff, losses=losses)
+    check.headline = (
+        f"{sum(1 for r in rows)} runs; overflow skipped as expected: {not check.failures}; "
+        f"wsp D=0 vs all-reduce {wsp_diff:.1e}"
+    )
+
+
 # --------------------------------------------------------------------------- dispatch
 def _section_functions() -> dict[str, Callable[[Check], None]]:
     table: dict[str, Callable[[Check], None]] = {
@@ -1142,6 +1220,7 @@ def _section_functions() -> dict[str, Callable[[Check], None]]:
     table["hf-train-gpt2"] = section_hf_train
     table["checkpoint-bf16"] = lambda c: section_checkpoint(c, "bf16")
     table["hf-profile-bf16"] = lambda c: section_hf_profile(c, "bf16")
+    table["sync-fp16"] = section_sync_fp16
     return table
 
 

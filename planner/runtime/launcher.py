@@ -54,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetplan.contracts.rank_config import load_rank_config
+from hetplan.contracts.rank_config import RankConfig, load_rank_config
 from hetplan.errors import HetplanError
 from hetplan.runtime.interrupt import STOP_SIGNALS, InterruptedRunError, StopSignals
 from hetplan.runtime.watch import StepLine, StepWatcher
@@ -253,7 +253,7 @@ class LocalRun:
         worker += ["--skip-nonfinite"] if skip_nonfinite else []
         self.on_step = on_step
         self.watcher = StepWatcher(work, world=self.world, global_batch=config.global_batch, steps=steps)
-        torchrun = _torchrun_args(len(addresses), work, worker, fork=fork_ranks())
+        torchrun = _torchrun_args(len(addresses), work, worker, fork=fork_ranks() and not _on_cuda(config))
         root = Path(__file__).resolve().parents[2]
         env = dict(os.environ)
         env["OMP_NUM_THREADS"] = str(threads)  # set: torchrun then neither overrides it nor warns
@@ -381,6 +381,16 @@ def fork_ranks() -> bool:
     if value not in ("fork", "spawn"):
         raise HetplanError(f"is {value!r}; use fork or spawn", field=RANK_START_ENV)
     return value == "fork"
+
+
+def _on_cuda(config: RankConfig) -> bool:
+    """Whether the ranks compute on a GPU (NCCL, or ``compute_device: cuda``): such ranks are never
+    forked, whatever ``HETPLAN_RANK_START`` says. On an H100 forked ranks failed with "Cannot
+    re-initialize CUDA in forked subprocess" (the agent had initialised CUDA while importing what
+    they need; benchmarks/results/gpu_check-H100-SXM.part5.md): CUDA does not survive a fork."""
+    if config.compute_device is not None:
+        return config.compute_device == "cuda"
+    return config.backend == "nccl"
 
 
 def preload_rank_modules(config_path: str | Path | None = None) -> None:

@@ -82,3 +82,36 @@ def test_staging_copies_results_back_into_the_tensors_the_caller_holds(tmp_path)
         dist.destroy_process_group()
     assert dist.all_reduce.__module__.startswith("torch.distributed")  # put back
     assert os.environ.get(STAND_IN_ENV) is None
+
+
+#: torch.distributed calls that carry no tensor of the caller's (nothing to stage).
+_TENSORLESS = {
+    "get_rank", "get_world_size", "get_backend", "get_process_group_ranks", "new_group", "init_process_group",
+    "destroy_process_group", "is_initialized", "is_available", "barrier", "all_gather_object",
+    "P2POp", "FileStore", "TCPStore", "ProcessGroup", "Work", "ReduceOp",
+}  # fmt: skip
+
+
+def test_every_tensor_call_the_runtime_makes_is_staged() -> None:
+    """A torch.distributed call with a CUDA tensor that the transport does not wrap reaches gloo
+    with a device pointer: on an H100 Adasum's isend/irecv ended in `gloo::IoException ... writev:
+    Bad address` (benchmarks/results/gpu_check-H100-SXM.part5.md). Every call the runtime's source
+    makes must be wrapped or carry no tensor."""
+    import re
+    from pathlib import Path
+
+    from hetplan.runtime.device import staged
+
+    root = Path(staged.__file__).resolve().parents[1]
+    called = {m for f in root.rglob("*.py") for m in re.findall(r"\bdist\.([A-Za-z_]+)\(", f.read_text())}
+    assert called - _TENSORLESS <= set(staged._WRAPPED), sorted(called - _TENSORLESS - set(staged._WRAPPED))
+    assert {"isend", "irecv"} <= called  # the check sees what it should
+
+
+@pytest.mark.parametrize("sync", ["adasum", "topk"])
+def test_host_staged_sync_modes_give_the_plain_losses(tmp_path, monkeypatch, sync: str) -> None:
+    """Adasum's tree (isend/irecv, broadcast) and top-k's (index, value) all-gathers, staged."""
+    plain = _losses(tmp_path, f"plain-{sync}", staged=False, monkeypatch=monkeypatch, sync=sync)
+    staged = _losses(tmp_path, f"staged-{sync}", staged=True, monkeypatch=monkeypatch, sync=sync)
+    assert [t for _, _, t in staged] == ["host-staged"] * 2
+    assert [loss for _, loss, _ in staged] == [loss for _, loss, _ in plain]

@@ -243,3 +243,16 @@ def test_a_gloo_error_reaches_the_message_whole() -> None:
     with pytest.raises(RankFailureError) as info:
         wait(Failing(timed_out), timeout_s=1.0, what=what)
     assert str(info.value) == f"{what}: Timed out waiting 2000ms for recv operation to complete"
+
+
+def test_ranks_on_a_gpu_are_never_forked() -> None:
+    """CUDA does not survive a fork (on an H100: "Cannot re-initialize CUDA in forked subprocess"):
+    ranks computing on a GPU start fresh whatever HETPLAN_RANK_START says."""
+    from types import SimpleNamespace
+
+    from hetplan.runtime.launcher import _on_cuda
+
+    assert _on_cuda(SimpleNamespace(compute_device=None, backend="nccl"))
+    assert _on_cuda(SimpleNamespace(compute_device="cuda", backend="gloo"))  # host-staged
+    assert not _on_cuda(SimpleNamespace(compute_device=None, backend="gloo"))
+    assert not _on_cuda(SimpleNamespace(compute_device="cpu", backend="gloo"))

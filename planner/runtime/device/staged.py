@@ -43,6 +43,8 @@ _WRAPPED = (
     "broadcast",
     "send",
     "recv",
+    "isend",
+    "irecv",
     "batch_isend_irecv",
 )
 
@@ -74,6 +76,9 @@ class Staging:
     def __init__(self, *, everything: bool) -> None:
         self.everything = everything
         self.originals: dict[str, Callable[..., Any]] = {n: getattr(dist, n) for n in _WRAPPED}
+        self._p2p_class = dist.P2POp
+        self._isend_wrapper: Callable[..., Any] = self._isend
+        self._irecv_wrapper: Callable[..., Any] = self._irecv
         self.patched: list[tuple[Any, str, Any]] = []  # (module, attribute, original)
         #: tensors staged so far (for tests: that the transport was used at all)
         self.staged = 0
@@ -124,6 +129,20 @@ class Staging:
         self._back([(tensor, host)])()
         return src
 
+    def _p2p_op(self, op: Any, tensor: torch.Tensor, peer: int | None = None, group: Any = None, tag: int = 0) -> Any:
+        """``dist.P2POp`` of the wrapped isend/irecv: torch checks the operation is its own function,
+        so the wrapper is swapped for the original (``batch_isend_irecv`` stages the tensors)."""
+        unwrapped = {id(self._isend_wrapper): self.originals["isend"], id(self._irecv_wrapper): self.originals["irecv"]}
+        return self._p2p_class(unwrapped.get(id(op), op), tensor, peer, group, tag)
+
+    def _isend(self, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        host = self._host(tensor)  # kept alive by the work until it completes
+        return _StagedWork(self.originals["isend"](host, *args, **kwargs), self._back([(host, host)]))
+
+    def _irecv(self, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        host = self._host(tensor)
+        return _StagedWork(self.originals["irecv"](host, *args, **kwargs), self._back([(tensor, host)]))
+
     def _out_in(self, name: str) -> Callable[..., Any]:
         """``f(output, input, ...)``: output written (a tensor or a list of them), input read."""
         original = self.originals[name]
@@ -141,8 +160,8 @@ class Staging:
         staged, pairs = [], []
         for op in ops:
             host = self._host(op.tensor)
-            staged.append(dist.P2POp(op.op, host, op.peer, op.group, op.tag))
-            pairs.append([(op.tensor, host)] if op.op is dist.irecv else [])
+            staged.append(self._p2p_op(op.op, host, op.peer, op.group, op.tag))
+            pairs.append([(op.tensor, host)] if op.op is self.originals["irecv"] else [])
         works = self.originals["batch_isend_irecv"](staged)
         if len(works) == len(ops):  # one work per operation (gloo): each copies back its own receive
             return [_StagedWork(w, self._back(p)) for w, p in zip(works, pairs, strict=True)]
@@ -160,6 +179,8 @@ class Staging:
             "reduce_scatter_tensor": self._out_in("reduce_scatter_tensor"),
             "send": self._send,
             "recv": self._recv,
+            "isend": self._isend_wrapper,
+            "irecv": self._irecv_wrapper,
             "batch_isend_irecv": self._batch,
         }
 
@@ -169,6 +190,8 @@ class Staging:
         for name, wrapper in wrappers.items():
             self.patched.append((dist, name, self.originals[name]))
             setattr(dist, name, wrapper)
+        self.patched.append((dist, "P2POp", self._p2p_class))
+        dist.P2POp = self._p2p_op  # type: ignore[assignment,misc]  # P2POp(dist.isend, ...) takes the wrapper
         # a runtime module that took an alias of one of them at import (zero.py does)
         for mod_name, module in list(sys.modules.items()):
             if not mod_name.startswith("hetplan.runtime") or module is None:
