@@ -253,7 +253,12 @@ class LocalRun:
         worker += ["--skip-nonfinite"] if skip_nonfinite else []
         self.on_step = on_step
         self.watcher = StepWatcher(work, world=self.world, global_batch=config.global_batch, steps=steps)
-        torchrun = _torchrun_args(len(addresses), work, worker, fork=fork_ranks() and not _on_cuda(config))
+        # forked ranks run under torchrun's multiprocessing context, which records only the first
+        # failure it polls: a rank killed on purpose (the kill hooks) may then go unnamed, so those
+        # runs start ranks fresh, as torchrun's subprocess context names every failed rank
+        hooks = kill_rank_after is not None or crash_in_save is not None
+        fork = fork_ranks() and not _on_cuda(config) and not hooks
+        torchrun = _torchrun_args(len(addresses), work, worker, fork=fork)
         root = Path(__file__).resolve().parents[2]
         env = dict(os.environ)
         env["OMP_NUM_THREADS"] = str(threads)  # set: torchrun then neither overrides it nor warns
@@ -560,7 +565,8 @@ def _failure_message(work: Path, addresses: list[str], agent_code: int) -> str:
         agent_lines = _lines(work / "agent.log")
         agent_line = agent_lines[-1] if agent_lines else f"exit code {agent_code}"
         parts.append(f"torchrun's agent failed: {agent_line}")
-    return "the run stopped: " + "; ".join(dict.fromkeys(parts)) + f" (rank logs: {work})"
+    line = "; ".join(dict.fromkeys(" ".join(p.split()) for p in parts))  # one line: gloo's texts hold newlines
+    return "the run stopped: " + line + f" (rank logs: {work})"
 
 
 def _how_far(work: Path, addresses: list[str]) -> str:

@@ -76,9 +76,10 @@ def test_the_worker_arguments_reach_the_worker_through_torchrun_parser_intact(tm
 
 
 @needs_proc
-@pytest.mark.parametrize("rank_start", ["fork", "spawn"])
-def test_a_killed_rank_gives_one_line_within_seconds_and_no_process_remains(tmp_path, monkeypatch, rank_start) -> None:
-    monkeypatch.setenv(RANK_START_ENV, rank_start)  # the same line whether the agent forks or spawns ranks
+def test_a_killed_rank_gives_one_line_within_seconds_and_no_process_remains(tmp_path, monkeypatch) -> None:
+    # fresh ranks even under HETPLAN_RANK_START=fork: torchrun's fork context records only the first
+    # failure it polls (the survivor's, as often as not), so runs with the kill hooks never fork
+    monkeypatch.setenv(RANK_START_ENV, "fork")
     path, _ = _config(tmp_path, TWO_STAGES, timeout=15)
     first_step: list[float] = []
     start = time.time()

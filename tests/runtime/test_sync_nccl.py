@@ -73,7 +73,7 @@ def test_a_wsp_push_sends_a_cpu_copy(monkeypatch) -> None:
     grad = OnDevice(torch.arange(5, dtype=torch.float32))
     PsClient(9, 5, rank=0).push(3, grad)  # type: ignore[arg-type]
     assert grad.copied == 1
-    assert sent[0].tolist() == [1, 3, 0, 5]  # the header: push, clock 3, rank 0, 5 elements
+    assert sent[0].tolist() == [1, 3, 0, 5, 0]  # the header: push, clock 3, rank 0, 5 elements, no overflow
     assert sent[1].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
