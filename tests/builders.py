@@ -114,3 +114,22 @@ def run_cli(argv: list[str], capsys: Any) -> tuple[int, str, str]:
     out, err = capsys.readouterr()
     code = exc.value.code
     return (code if isinstance(code, int) else (0 if code is None else 1)), out, err
+
+
+def write_what_if_inputs(folder: Any) -> dict[str, Any]:
+    """A what-if's three files in ``folder``: a 4-block profile timed on A100-40GB and V100-16GB, a
+    one-V100 cluster (catalog-priced) and a pool offering one A100-40GB node. Paths by role."""
+    import yaml
+
+    profile = make_profile(4, times={"A100-40GB": (0.01, 0.02), "V100-16GB": (0.02, 0.04)}, params=1000)
+    profile.save(folder / "p.yaml")
+    cluster = {
+        "schema": "hetplan/cluster/v1",
+        "name": "base",
+        "nodes": [{"name": "v0", "devices": [{"type": "V100-16GB"}]}],
+        "network": {"bandwidth": "100Gbps"},
+    }
+    pool = {"schema": "hetplan/pool/v1", "nodes": [{"name": "a100", "count": 1, "devices": [{"type": "A100-40GB"}]}]}
+    (folder / "c.yaml").write_text(yaml.safe_dump(cluster))
+    (folder / "pool.yaml").write_text(yaml.safe_dump(pool))
+    return {"profile": folder / "p.yaml", "cluster": folder / "c.yaml", "pool": folder / "pool.yaml"}

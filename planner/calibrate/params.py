@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hetplan.contracts.catalog import Catalog, DeviceType
-from hetplan.contracts.cluster import Cluster, parse_cluster
+from hetplan.contracts.cluster import Cluster, parse_cluster, with_device_types
 from hetplan.contracts.model_profile import Block, ModelProfile, Timing
 from hetplan.errors import HetplanError
 from hetplan.units import parse_bandwidth, parse_time
@@ -169,10 +169,7 @@ def with_type_figures(cluster: Cluster, figures: dict[str, dict[str, float]]) ->
     if not figures:
         return cluster
     replaced = {name: replace(t, **figures[name]) for name, t in cluster.device_types.items() if name in figures}
-    nodes = tuple(
-        replace(n, devices=tuple(replace(d, type=replaced.get(d.type.name, d.type)) for d in n.devices))
-        for n in cluster.nodes
-    )
+    nodes = tuple(with_device_types(cluster.nodes, replaced))
     return Cluster(
         name=cluster.name,
         nodes=nodes,

@@ -12,6 +12,7 @@ links are *shared*: concurrent transfers out of (or into) one node split its net
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -364,6 +365,14 @@ def parse_cluster(data: dict, *, file: str | None = None, catalog: Catalog | Non
     )
 
 
+def with_device_types(nodes: Iterable[Node], replaced: Mapping[str, DeviceType]) -> list[Node]:
+    """``nodes`` with every device of a type named in ``replaced`` given that type (a per-type figure
+    measured on this cluster: a reserve, an overhead, a calibrated value)."""
+    return [
+        replace(n, devices=tuple(replace(d, type=replaced.get(d.type.name, d.type)) for d in n.devices)) for n in nodes
+    ]
+
+
 def _apply_reserves(
     f: Fields, nodes: list[Node], inline: dict[str, DeviceType]
 ) -> tuple[list[Node], dict[str, DeviceType]]:
@@ -386,10 +395,7 @@ def _apply_reserves(
                 f"expected a reserve below the type's memory ({device_type.memory:.0f} bytes)", f"reserve.{name}"
             )
         replaced[name] = replace(device_type, reserve=reserve)
-    nodes = [
-        replace(n, devices=tuple(replace(d, type=replaced.get(d.type.name, d.type)) for d in n.devices)) for n in nodes
-    ]
-    return nodes, {**inline, **replaced}
+    return with_device_types(nodes, replaced), {**inline, **replaced}
 
 
 def _apply_overheads(
@@ -420,10 +426,7 @@ def _apply_overheads(
             micro_batch_s=micro if "micro_batch" in value else device_type.micro_batch_s,
             overlap_slowdown=slowdown if "overlap_slowdown" in value else device_type.overlap_slowdown,
         )
-    nodes = [
-        replace(n, devices=tuple(replace(d, type=replaced.get(d.type.name, d.type)) for d in n.devices)) for n in nodes
-    ]
-    return nodes, {**inline, **replaced}
+    return with_device_types(nodes, replaced), {**inline, **replaced}
 
 
 def load_cluster(path: str | Path, *, catalog: Catalog | None = None) -> Cluster:

@@ -7,8 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import yaml
-from builders import make_profile, run_cli
+from builders import run_cli, write_what_if_inputs
 
 from hetplan.contracts.cluster import load_cluster
 from hetplan.contracts.plan import load_plan
@@ -18,18 +17,7 @@ from hetplan.solve.whatif import OBJECTIVES
 
 @pytest.fixture
 def inputs(tmp_path: Path) -> dict[str, Path]:
-    profile = make_profile(4, times={"A100-40GB": (0.01, 0.02), "V100-16GB": (0.02, 0.04)}, params=1000)
-    profile.save(tmp_path / "p.yaml")
-    cluster = {
-        "schema": "hetplan/cluster/v1",
-        "name": "base",
-        "nodes": [{"name": "v0", "devices": [{"type": "V100-16GB"}]}],
-        "network": {"bandwidth": "100Gbps"},
-    }
-    pool = {"schema": "hetplan/pool/v1", "nodes": [{"name": "a100", "count": 1, "devices": [{"type": "A100-40GB"}]}]}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster))
-    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
-    return {"profile": tmp_path / "p.yaml", "cluster": tmp_path / "c.yaml", "pool": tmp_path / "pool.yaml"}
+    return write_what_if_inputs(tmp_path)
 
 
 def test_what_if_writes_plan_cluster_summary_and_pareto(inputs: dict[str, Path], tmp_path: Path, capsys) -> None:

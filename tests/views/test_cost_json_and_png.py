@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
-from builders import make_profile, run_cli
+from builders import run_cli, write_what_if_inputs
 
 from hetplan.views.cost import step_cost, with_costs
 
@@ -18,19 +17,9 @@ from hetplan.views.cost import step_cost, with_costs
 def what_if_out(tmp_path: Path, capsys) -> Path:
     """A priced what-if run's folder: plan.yaml (on a V100 node at the catalog's $2.80/h) and
     summary.json."""
-    profile = make_profile(4, times={"A100-40GB": (0.01, 0.02), "V100-16GB": (0.02, 0.04)}, params=1000)
-    profile.save(tmp_path / "p.yaml")
-    cluster = {
-        "schema": "hetplan/cluster/v1",
-        "name": "base",
-        "nodes": [{"name": "v0", "devices": [{"type": "V100-16GB"}]}],
-        "network": {"bandwidth": "100Gbps"},
-    }
-    pool = {"schema": "hetplan/pool/v1", "nodes": [{"name": "a100", "count": 1, "devices": [{"type": "A100-40GB"}]}]}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster))
-    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
+    files = write_what_if_inputs(tmp_path)
     out = tmp_path / "wi"
-    argv = ["what-if", str(tmp_path / "p.yaml"), str(tmp_path / "c.yaml"), "--pool", str(tmp_path / "pool.yaml")]
+    argv = ["what-if", str(files["profile"]), str(files["cluster"]), "--pool", str(files["pool"])]
     argv += ["--batch", "8", "--micro-batch-sizes", "1,2", "--no-marginals", "-o", str(out)]
     code, _, err = run_cli(argv, capsys)
     assert code == 0, err
