@@ -10,10 +10,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Local runs fork their ranks from torchrun's agent, which has imported torch once, instead of
+# Local runs fork their ranks from a fork server, which has imported torch once, instead of
 # starting each rank as a fresh Python that imports it again (~2.5 s of CPU a rank): the suite's
 # largest cost. tests/runtime/test_launcher.py and test_signals.py run both ways.
-os.environ.setdefault("HETPLAN_RANK_START", "fork")
+os.environ.setdefault("HETPLAN_RANK_START", "forkserver")
 sys.path.insert(0, str(ROOT / "tests"))
 
 SHARED_EXTERNAL = ROOT.parent / "shared" / "external"

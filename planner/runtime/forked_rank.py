@@ -1,14 +1,15 @@
-"""One rank forked from torchrun's agent: the script behind ``torchrun --start-method fork --run-path``.
+"""One rank forked from a fork server: the script behind ``torchrun --start-method forkserver --run-path``.
 
-    HETPLAN_RANK_START=fork hetplan launch plan/ --steps 3     # ranks forked, torch already imported
+    HETPLAN_RANK_START=forkserver hetplan launch plan/ --steps 3     # ranks forked, torch already imported
 
 torchrun's default starts each rank as a fresh ``python -m hetplan.runtime.worker``, which imports
-torch again (about 2.5 s of CPU per rank). With ``HETPLAN_RANK_START=fork`` the launcher asks
-torchrun's own agent to fork its ranks instead (its ``--start-method fork --run-path``) after the
-agent has imported what a rank needs (:func:`hetplan.runtime.launcher.preload_rank_modules`): same
-agent, same rendezvous, same failure report. This script makes the forked rank look like one
-torchrun started itself (a session of its own, which is how the launcher ends it by process group)
-and then runs the worker with the same arguments.
+torch again (about 2.5 s of CPU per rank). With ``HETPLAN_RANK_START=forkserver`` the launcher asks
+torchrun's own agent to fork its ranks from a fork server instead (its ``--start-method forkserver
+--run-path``), a single-threaded process that has imported what a rank needs once
+(:func:`hetplan.runtime.launcher.rank_module_names`): same agent, same rendezvous, same failure
+report. This script makes the forked rank look like one torchrun started itself (a session of its
+own, which is how the launcher ends it by process group) and then runs the worker with the same
+arguments.
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ The job is one torchrun agent (``torch.distributed.run --standalone --nproc-per-
 --max-restarts 0 --redirects 3 --log-dir RUN/torchrun``) running ``python -m
 hetplan.runtime.worker CONFIG --node-name NODES``: each worker finds its device by ``LOCAL_RANK`` among
 the rank config's devices, in rank-config order (several nodes are listed comma-separated, so a
-plan of several nodes runs under the one agent too). With ``HETPLAN_RANK_START=fork`` (what the test
-suite sets) the agent imports torch and the runtime once and forks its ranks instead (torchrun's own
-``--start-method fork --run-path``, :mod:`hetplan.runtime.forked_rank`): about 2.5 s of CPU less per
-rank, and the same messages, signals and exit codes. What hetplan adds around torchrun:
+plan of several nodes runs under the one agent too). With ``HETPLAN_RANK_START=forkserver`` (what the
+test suite sets) one fork server imports torch and the runtime once and forks the ranks from it
+(torchrun's own ``--start-method forkserver --run-path``, :mod:`hetplan.runtime.forked_rank`): about
+2.5 s of CPU less per rank, and the same messages, signals and exit codes. What hetplan adds around torchrun:
 
 * **one line when a rank dies.** torchrun ends the other workers itself once one fails (it never
   restarts them: ``--max-restarts 0``); each worker gets a few seconds after SIGTERM to report what
@@ -64,9 +64,9 @@ __all__ = [
     "RANK_START_ENV",
     "LaunchResult",
     "LocalRun",
-    "fork_ranks",
     "launch_local",
-    "preload_rank_modules",
+    "rank_module_names",
+    "rank_start_method",
     "refuse_nonfinite",
 ]
 
@@ -76,11 +76,12 @@ STALL_MARGIN_S = 30.0
 #: Seconds between two looks at a running job (its agent, rank 0's log).
 POLL_S = 0.1
 
-#: ``fork``: torchrun's agent forks the ranks after importing what they need (:func:`fork_ranks`).
+#: ``forkserver``: the ranks are forked from a server that has imported what they need
+#: (:func:`rank_start_method`).
 RANK_START_ENV = "HETPLAN_RANK_START"
 
-#: What a rank imports before its first step (``hetplan.runtime.worker``'s ``run``), preloaded by a
-#: forking agent.
+#: What a rank imports before its first step (``hetplan.runtime.worker``'s ``run``), preloaded by the
+#: fork server.
 _RANK_MODULES = (
     "torch",
     "torch.distributed",
@@ -257,8 +258,8 @@ class LocalRun:
         # failure it polls: a rank killed on purpose (the kill hooks) may then go unnamed, so those
         # runs start ranks fresh, as torchrun's subprocess context names every failed rank
         hooks = kill_rank_after is not None or crash_in_save is not None
-        fork = fork_ranks() and not _on_cuda(config) and not hooks
-        torchrun = _torchrun_args(len(addresses), work, worker, fork=fork)
+        preload = rank_start_method() == "forkserver" and not _on_cuda(config) and not hooks
+        torchrun = _torchrun_args(len(addresses), work, worker, preload=preload)
         root = Path(__file__).resolve().parents[2]
         env = dict(os.environ)
         env["OMP_NUM_THREADS"] = str(threads)  # set: torchrun then neither overrides it nor warns
@@ -373,60 +374,72 @@ def _worker_args(config_path: str | Path, nodes: list[str], *, steps: int, work:
     ]
 
 
-def fork_ranks() -> bool:
-    """Whether torchrun's agent forks the ranks (``HETPLAN_RANK_START=fork``) rather than starting each
-    as a fresh Python process (the default, torchrun's own, and what runs across machines).
+def rank_start_method() -> str:
+    """How torchrun's agent starts the ranks: ``spawn`` (the default, torchrun's own, and what runs
+    across machines: each rank a fresh Python) or ``forkserver`` (``HETPLAN_RANK_START=forkserver``).
 
-    A fresh rank imports torch again (about 2.5 s of CPU); a forked one starts from the agent, which
-    has imported what a rank needs (:func:`preload_rank_modules`). Everything else is the same
-    torchrun: rendezvous, redirects, failure report. The test suite forks (tests/conftest.py); the
-    tests that pin the launcher's behaviour run both ways.
+    A fresh rank imports torch again (about 2.5 s of CPU); under ``forkserver`` the agent starts one
+    server that imports what a rank needs once (:func:`rank_module_names`) and forks each rank from
+    it. Not from the agent itself: by then the agent runs threads (its rendezvous store), and a fork
+    of a process with threads can inherit a lock another thread held. One rank of eight, forked from
+    the agent in CI, never reached the rendezvous (the others timed out waiting for it); the fork
+    server is a single thread. Everything else is the same torchrun: rendezvous, redirects, failure
+    report. The test suite uses the fork server (tests/conftest.py); the tests that pin the
+    launcher's behaviour run both ways.
     """
     value = os.environ.get(RANK_START_ENV, "spawn").strip().lower()
-    if value not in ("fork", "spawn"):
-        raise HetplanError(f"is {value!r}; use fork or spawn", field=RANK_START_ENV)
-    return value == "fork"
+    if value not in ("forkserver", "spawn"):
+        raise HetplanError(f"is {value!r}; use forkserver or spawn", field=RANK_START_ENV)
+    return value
 
 
 def _on_cuda(config: RankConfig) -> bool:
     """Whether the ranks compute on a GPU (NCCL, or ``compute_device: cuda``): such ranks are never
-    forked, whatever ``HETPLAN_RANK_START`` says. On an H100 forked ranks failed with "Cannot
-    re-initialize CUDA in forked subprocess" (the agent had initialised CUDA while importing what
-    they need; benchmarks/results/gpu_check-H100-SXM.part5.md): CUDA does not survive a fork."""
+    forked, whatever ``HETPLAN_RANK_START`` says. On an H100 ranks forked from the agent failed with
+    "Cannot re-initialize CUDA in forked subprocess" (the agent had initialised CUDA while importing
+    what they need; benchmarks/results/gpu_check-H100-SXM.part5.md): CUDA does not survive a fork."""
     if config.compute_device is not None:
         return config.compute_device == "cuda"
     return config.backend == "nccl"
 
 
-def preload_rank_modules(config_path: str | Path | None = None) -> None:
-    """Import in the agent what every rank imports, so that ranks forked from it do not; with the
-    rank config, also a Hugging Face model's ``transformers`` modules (about 6 s of CPU a rank)."""
-    import importlib
-
-    for name in _RANK_MODULES:
-        importlib.import_module(name)
+def rank_module_names(config_path: str | Path | None = None) -> list[str]:
+    """What every rank imports, for the fork server to import once; with the rank config, also a
+    Hugging Face model's ``transformers`` modules (about 6 s of CPU a rank)."""
+    names = list(_RANK_MODULES)
     if config_path is None:
-        return
+        return names
     try:  # only a speed-up: a config that does not load is the ranks' to report, in their one line
         model = load_rank_config(config_path).model
-        source = str(model.get("hf", "")).lower() if isinstance(model, dict) else ""
-        if source:
-            importlib.import_module("hetplan.models.hf")
-            for kind in ("gpt2", "llama", "bert"):
-                if kind in source:
-                    importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
-    except (HetplanError, ImportError, OSError):
-        pass
+    except (HetplanError, OSError):
+        return names
+    source = str(model.get("hf", "")).lower() if isinstance(model, dict) else ""
+    if source:
+        names.append("hetplan.models.hf")
+        names += [f"transformers.models.{kind}.modeling_{kind}" for kind in ("gpt2", "llama", "bert") if kind in source]
+    return names
 
 
-def _torchrun_args(world: int, work: Path, worker: list[str], *, fork: bool = False) -> list[str]:
+def _start_fork_server(config_path: str | None) -> None:
+    """Start the fork server now, importing what the ranks need while the agent sets up its
+    rendezvous; torchrun's ``forkserver`` start method then forks every rank from it."""
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    multiprocessing.set_forkserver_preload(rank_module_names(config_path))
+    multiprocessing.forkserver.ensure_running()
+
+
+def _torchrun_args(world: int, work: Path, worker: list[str], *, preload: bool = False) -> list[str]:
     """torchrun's arguments: one standalone node, no restarts, each rank's output in a file.
 
-    ``fork``: the agent forks each rank and runs :mod:`hetplan.runtime.forked_rank` in it (torchrun's
-    ``--start-method fork --run-path``) instead of ``worker``'s ``-m hetplan.runtime.worker``.
+    ``preload``: each rank is forked from a fork server and runs :mod:`hetplan.runtime.forked_rank`
+    (torchrun's ``--start-method forkserver --run-path``) instead of ``worker``'s ``-m
+    hetplan.runtime.worker``.
     """
-    if fork and worker[:2] == ["-m", "hetplan.runtime.worker"]:
-        worker = ["--start-method", "fork", "--run-path", str(Path(__file__).with_name("forked_rank.py")), *worker[2:]]
+    if preload and worker[:2] == ["-m", "hetplan.runtime.worker"]:
+        script = str(Path(__file__).with_name("forked_rank.py"))
+        worker = ["--start-method", "forkserver", "--run-path", script, *worker[2:]]
     return [
         "--standalone",
         "--nnodes",
@@ -599,10 +612,8 @@ def _agent(argv: list[str]) -> int:
 
     failures, rest = Path(argv[0]), argv[2:] if argv[1:2] == ["--"] else argv[1:]
     args = parse_args(rest)
-    if args.start_method == "fork":  # the ranks start from this process: import what they need once, here
-        preload_rank_modules(args.training_script_args[0] if args.training_script_args else None)
-        sys.stdout.flush()  # nothing of the agent's own output left in a buffer its forked ranks would inherit
-        sys.stderr.flush()
+    if args.start_method == "forkserver":  # one server imports what the ranks need, once
+        _start_fork_server(args.training_script_args[0] if args.training_script_args else None)
     try:
         run(args)
     except ChildFailedError as exc:

@@ -77,9 +77,10 @@ def test_the_worker_arguments_reach_the_worker_through_torchrun_parser_intact(tm
 
 @needs_proc
 def test_a_killed_rank_gives_one_line_within_seconds_and_no_process_remains(tmp_path, monkeypatch) -> None:
-    # fresh ranks even under HETPLAN_RANK_START=fork: torchrun's fork context records only the first
-    # failure it polls (the survivor's, as often as not), so runs with the kill hooks never fork
-    monkeypatch.setenv(RANK_START_ENV, "fork")
+    # fresh ranks even under HETPLAN_RANK_START=forkserver: torchrun's multiprocessing context records
+    # only the first failure it polls (the survivor's, as often as not), so runs with the kill hooks
+    # never fork
+    monkeypatch.setenv(RANK_START_ENV, "forkserver")
     path, _ = _config(tmp_path, TWO_STAGES, timeout=15)
     first_step: list[float] = []
     start = time.time()
@@ -106,12 +107,12 @@ class _SeenError(Exception):
 
 
 @needs_proc
-@pytest.mark.parametrize("rank_start", ["fork", "spawn"])
-def test_ranks_lead_sessions_of_their_own_whether_forked_by_the_agent_or_spawned(
+@pytest.mark.parametrize("rank_start", ["forkserver", "spawn"])
+def test_ranks_lead_sessions_of_their_own_whether_forked_from_a_server_or_spawned(
     tmp_path, monkeypatch, rank_start
 ) -> None:
     """A forked rank looks to the launcher like one torchrun spawned (its own session, ended by
-    process group); only what it was started from differs: the agent's process, or a fresh worker."""
+    process group); only what it was started from differs: the fork server, or a fresh worker."""
     monkeypatch.setenv(RANK_START_ENV, rank_start)
     path, _ = _config(tmp_path, TWO_STAGES)
     seen: dict[int, tuple[list[str], str]] = {}
@@ -127,20 +128,20 @@ def test_ranks_lead_sessions_of_their_own_whether_forked_by_the_agent_or_spawned
     assert len(seen) == 2
     for pid, (stat, cmdline) in seen.items():
         assert int(stat[3]) == pid and int(stat[2]) == pid  # session and process group leader
-        started_from = "hetplan.runtime.launcher" if rank_start == "fork" else "hetplan.runtime.worker"
+        started_from = "multiprocessing.forkserver" if rank_start == "forkserver" else "hetplan.runtime.worker"
         assert started_from in cmdline, cmdline
     assert not [pid for pid in seen if _alive(pid)]
     with pytest.raises(HetplanError, match="HETPLAN_RANK_START"):
-        monkeypatch.setenv(RANK_START_ENV, "vfork")
+        monkeypatch.setenv(RANK_START_ENV, "fork")  # from the agent, which runs threads: refused
         launch_local(path, steps=1)
 
 
-def test_a_forking_agent_is_asked_for_torchruns_fork_start_and_the_forked_rank_script(tmp_path) -> None:
+def test_a_preloading_agent_is_asked_for_torchruns_forkserver_start_and_the_forked_rank_script(tmp_path) -> None:
     from torch.distributed.run import parse_args
 
     worker = _worker_args(tmp_path / "c.yaml", ["n0"], steps=3, work=tmp_path, threads=1)
-    args = parse_args(_torchrun_args(2, tmp_path, worker, fork=True))
-    assert args.start_method == "fork" and args.run_path and not args.module
+    args = parse_args(_torchrun_args(2, tmp_path, worker, preload=True))
+    assert args.start_method == "forkserver" and args.run_path and not args.module
     assert args.training_script == str(ROOT / "planner" / "runtime" / "forked_rank.py")
     assert args.training_script_args == worker[2:]
 
@@ -257,3 +258,21 @@ def test_ranks_on_a_gpu_are_never_forked() -> None:
     assert _on_cuda(SimpleNamespace(compute_device="cuda", backend="gloo"))  # host-staged
     assert not _on_cuda(SimpleNamespace(compute_device=None, backend="gloo"))
     assert not _on_cuda(SimpleNamespace(compute_device="cpu", backend="gloo"))
+
+
+def test_the_fork_server_preloads_modules_that_exist(monkeypatch) -> None:
+    """Python's fork server skips a preload module that does not import, silently: every name the
+    launcher gives it must resolve, and a Hugging Face config adds its model family's modules."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from hetplan.runtime import launcher
+
+    names = launcher.rank_module_names()
+    assert "torch" in names and "hetplan.runtime.worker" in names
+    assert all(importlib.util.find_spec(name) is not None for name in names), names
+    monkeypatch.setattr(launcher, "load_rank_config", lambda _path: SimpleNamespace(model={"hf": "gpt2-small"}))
+    hf = launcher.rank_module_names("any.yaml")
+    assert hf[len(names) :] == ["hetplan.models.hf", "transformers.models.gpt2.modeling_gpt2"]
+    pytest.importorskip("transformers", reason="transformers (the hf extra) is not installed")
+    assert all(importlib.util.find_spec(name) is not None for name in hf)

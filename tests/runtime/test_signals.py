@@ -8,6 +8,7 @@ in the test's folder, so that the run folder, the workers' pids and their progre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -64,6 +65,18 @@ def _alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
+def _agent_of(launch: int) -> int:
+    """torchrun's agent: the child of the ``hetplan launch`` process running the launcher module (the
+    workers' parent only when spawned; forked ones are the fork server's children)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        fields = _stat(int(stat.parent.name))
+        if fields is not None and int(fields[1]) == launch:
+            with contextlib.suppress(OSError):
+                if b"hetplan.runtime.launcher" in (stat.parent / "cmdline").read_bytes():
+                    return int(stat.parent.name)
+    raise AssertionError(f"no torchrun agent under pid {launch}")
+
+
 def _wait_for(what, *, timeout: float, proc: subprocess.Popen) -> None:
     """Wait until ``what()``; fail if the command ends first or it takes longer than ``timeout``."""
     end = time.time() + timeout
@@ -79,10 +92,10 @@ def _wait_for(what, *, timeout: float, proc: subprocess.Popen) -> None:
 @pytest.mark.parametrize(
     ("target", "sig", "rank_start"),
     [
-        ("launch", signal.SIGTERM, "fork"),
-        ("launch", signal.SIGHUP, "fork"),
-        ("launch", signal.SIGINT, "fork"),
-        ("agent", signal.SIGTERM, "fork"),
+        ("launch", signal.SIGTERM, "forkserver"),
+        ("launch", signal.SIGHUP, "forkserver"),
+        ("launch", signal.SIGINT, "forkserver"),
+        ("agent", signal.SIGTERM, "forkserver"),
         # torchrun's default start (a fresh Python per rank), what runs across machines: the same behaviour
         ("launch", signal.SIGTERM, "spawn"),
         ("agent", signal.SIGTERM, "spawn"),
@@ -116,7 +129,7 @@ def test_a_signal_stops_every_rank_writes_the_log_and_leaves_no_process(tmp_path
         _wait_for(trained, timeout=300, proc=proc)
         (run,) = tmp.glob("hetplan-run-*")
         workers = [json.loads(p.read_text())["pid"] for p in (run / "ranks").glob("rank-*.json")]
-        agent = int(_stat(workers[0])[1])  # the workers' parent: torchrun's agent
+        agent = _agent_of(proc.pid)
         os.kill(proc.pid if target == "launch" else agent, sig)
         sent = time.time()
         _, err = proc.communicate(timeout=120)
