@@ -49,7 +49,7 @@ def _step_lines(bar: Any, task: Any, log_every: int) -> Any:
     """``launch``'s ``on_step``: each finished step's figures beside the bar on a terminal; elsewhere
     (nohup, SLURM, CI) a line every ``log_every`` steps and the last."""
 
-    def on_step(line: Any) -> None:  # a hetplan.runtime.watch.StepLine
+    def on_step(line: Any) -> None:  # a hetplan.runtime.processes.watch.StepLine
         bar.update(task, info=line.figures())
         if not console.is_terminal and (line.done % log_every == 0 or line.done == line.steps):
             console.print(line.text(), markup=False, highlight=False)

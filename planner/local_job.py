@@ -12,7 +12,7 @@ here rather than once per rank (a text file, a user dataset), and the local laun
     corun.summary    # one line per job, then their combined samples/s and each shared device's split
 
 ``train_together`` runs two plans' jobs at once on the same devices (crossover scheduling: one
-job computes while the other communicates, :mod:`hetplan.runtime.crossover`); each job trains as
+job computes while the other communicates, :mod:`hetplan.runtime.processes.crossover`); each job trains as
 it would alone.
 
     crowding_warning(plan, threads=1)   # 'warning: 6 ranks x 1 thread on this machine's 2 cores: ...'
@@ -151,7 +151,7 @@ def train_here(
 ) -> LocalJob:
     """Train ``steps`` steps of ``plan`` with every rank on this machine (gloo); ``stragglers``
     (emulation, with ``emulate``) make a device slower from a step on. ``on_step`` gets each
-    finished step (:class:`hetplan.runtime.watch.StepLine`); a non-finite loss stops the run with
+    finished step (:class:`hetplan.runtime.processes.watch.StepLine`); a non-finite loss stops the run with
     one line unless ``skip_nonfinite`` (then its update is skipped on every rank, and counted)."""
     from hetplan.runtime.launcher import launch_local
 
@@ -278,7 +278,7 @@ def _check_co_runnable(jobs: Sequence[tuple[Plan, ModelProfile, Cluster]]) -> No
     """Jobs share a device by its address: the address must be the same device in every job's
     cluster (else the turn would serialise two different devices, or emulate one at two speeds).
     Tensor-parallel stages are refused (their collectives run inside compute, which holds the turn:
-    see :mod:`hetplan.runtime.crossover`)."""
+    see :mod:`hetplan.runtime.processes.crossover`)."""
     seen: dict[str, tuple[str, float, str]] = {}
     for (plan, _, cluster), name in zip(jobs, JOB_NAMES, strict=False):
         for i, pipe in enumerate(plan.pipelines):
@@ -331,7 +331,7 @@ def train_together(
     ``jobs``: two ``(plan, profile, cluster)``, named ``a`` and ``b`` in that order (the CLI's
     ``_plan_and_inputs`` gives one per plan file). Each job is its own torchrun group with its own
     run folder and run log, and trains exactly as :func:`train_here` would train it alone; the ranks
-    of the two jobs on one device take turns at it (:mod:`hetplan.runtime.crossover`): a rank holds
+    of the two jobs on one device take turns at it (:mod:`hetplan.runtime.processes.crossover`): a rank holds
     the turn while it computes and lets go while it communicates, so one job's communication hides
     behind the other's compute. The options are :func:`train_here`'s, for both jobs (``options``
     may also be one per job: two jobs may train with different seeds, rates, data): ``log`` one
@@ -341,7 +341,7 @@ def train_together(
     job stops both, with one line per job. ``kill_rank_after=(job index, rank, seconds)`` is for
     fault tests. A non-finite loss stops a job (``skip_nonfinite`` is not built for a co-run).
     """
-    from hetplan.runtime.crossover import launch_together, read_turn_traces
+    from hetplan.runtime.processes.crossover import launch_together, read_turn_traces
 
     if len(jobs) != len(JOB_NAMES):
         raise HetplanError(f"expected {len(JOB_NAMES)} plans to co-run, got {len(jobs)}", field="PLAN")

@@ -16,7 +16,7 @@ file) or ``dataset`` with ``dataset_kwargs`` (a user's ``module:function``,
 contract with the rest of the stage.
 
 The top-level optional ``crossover`` section (absent: the job has its devices to itself) puts the
-job in a co-run (:mod:`hetplan.runtime.crossover`): ``turns`` is a folder shared by the jobs that
+job in a co-run (:mod:`hetplan.runtime.processes.crossover`): ``turns`` is a folder shared by the jobs that
 run on the same devices at once (one lock file per device: a rank holds its device's turn while it
 computes), ``job`` this job's name among them, ``ranks`` (optional) the device ranks of all of
 them, for which each rank waits before its first step. Format: docs/contracts/rank-config.md.

@@ -135,7 +135,7 @@ def build_rank_config(
             ),
         },
         "pipelines": [p.to_dict() for p in plan.pipelines],
-        # wsp and sdpipe add one process, the central role (hetplan.runtime.central), on the first node
+        # wsp and sdpipe add one process, the central role (hetplan.runtime.sync.central), on the first node
         "world_size": len(devices) + (1 if plan.sync in ("wsp", "sdpipe") else 0),
         **({"central": {"node": nodes[0]["name"]}} if plan.sync in ("wsp", "sdpipe") else {}),
         "nodes": nodes,

@@ -57,7 +57,7 @@ class ModelSpec:
         reduction: ``"mean"`` or ``"sum"``, what ``loss`` does over the batch.
         sample: ``sample(generator) -> (input, target)``, one sample; required with ``loss``.
         tp_plan: ``{"<block>.<module path>": "colwise" | "rowwise"}`` (``*`` matches one name), the
-            tensor-parallel plan of the blocks (:mod:`hetplan.runtime.tensor_parallel`).
+            tensor-parallel plan of the blocks (:mod:`hetplan.runtime.parallel.tensor_parallel`).
     """
 
     blocks: nn.Sequential | Sequence[nn.Module]

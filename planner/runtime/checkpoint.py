@@ -31,7 +31,7 @@ so that it moves no CUDA tensors.
 **Full blocks under tensor parallelism and ZeRO-1.** A tensor-parallel block's writer gathers its
 shards from its TP group before writing (every member of the writer's group takes part in one
 all-gather per sharded tensor), and a ZeRO-1 group's holders gather its optimizer state and masters
-(:meth:`~hetplan.runtime.zero.Zero1Group.state_dict`): the checkpoint holds every block whole, as a
+(:meth:`~hetplan.runtime.parallel.zero.Zero1Group.state_dict`): the checkpoint holds every block whole, as a
 one-process run would, so a plan of any degree or sharding loads it, each member cutting its shard
 (:class:`~hetplan.models.gpt_tp.ShardSpec`). Gathering on save, rather than a file per shard,
 keeps one layout whatever saved it: the loader never needs the saving plan's degrees.
@@ -80,8 +80,8 @@ from hetplan import __version__
 from hetplan.contracts.fields import Fields
 from hetplan.errors import HetplanError
 from hetplan.models.gpt_tp import ShardSpec, shard_specs
+from hetplan.runtime.parallel.zero import Zero1Group
 from hetplan.runtime.precision import Precision
-from hetplan.runtime.zero import Zero1Group
 
 __all__ = [
     "CHECKPOINT_SCHEMA",
@@ -135,7 +135,7 @@ def checkpoint_state(
     in the same order, and gets the full tensors, so a checkpoint holds full blocks whatever degree
     saved it and any degree can load it.
     ``zero`` gives, by ``id(parameter)``, the full fp32 master (None under fp32) and optimizer state of
-    the parameters a ZeRO-1 group steps (:meth:`hetplan.runtime.zero.Zero1Group.state_dict`, gathered
+    the parameters a ZeRO-1 group steps (:meth:`hetplan.runtime.parallel.zero.Zero1Group.state_dict`, gathered
     by the caller): they are saved as a replicated optimizer's, so any sharding can load them.
     """
     state: dict[str, torch.Tensor] = {}
@@ -628,7 +628,7 @@ RESIDUAL = "topk-residual"
 
 
 def residual_state(address: str, residuals: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A device's top-k residuals (:meth:`hetplan.runtime.topk.TopK.state_dict`) as checkpoint keys.
+    """A device's top-k residuals (:meth:`hetplan.runtime.sync.topk.TopK.state_dict`) as checkpoint keys.
 
     Every holder saves its own (the residuals differ between holders, unlike the weights), so the
     keys carry the device's address and are disjoint across ranks."""

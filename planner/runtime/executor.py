@@ -27,15 +27,15 @@ no collective of its own. The learning rate is the schedule's for the step's num
 run continues the schedule. Ranks that need data (first and last stages) read only their samples
 of the step (:mod:`hetplan.runtime.data`); the others read nothing.
 
-Tensor-parallel stages (:mod:`hetplan.runtime.tensor_parallel`, :mod:`hetplan.models.gpt_tp`): every
+Tensor-parallel stages (:mod:`hetplan.runtime.parallel.tensor_parallel`, :mod:`hetplan.models.gpt_tp`): every
 member runs its replica's action list on its shard of the blocks, the boundary tensors whole; its
 gradient groups are per shard, and the norm counts a replicated parameter of a TP block once (shard
 0's group). A stage's ``recompute`` decides what its blocks keep for backward
-(:mod:`hetplan.runtime.recompute`). With the plan's ``zero: 1`` every shared gradient group is a
-:class:`~hetplan.runtime.zero.Zero1Group`: its all-reduce becomes the group's reduce, its step the
+(:mod:`hetplan.runtime.parallel.recompute`). With the plan's ``zero: 1`` every shared gradient group is a
+:class:`~hetplan.runtime.parallel.zero.Zero1Group`: its all-reduce becomes the group's reduce, its step the
 holder's shard step and an all-gather of the weights.
 
-In a co-run (the rank config's ``crossover``, :mod:`hetplan.runtime.crossover`) every compute (a
+In a co-run (the rank config's ``crossover``, :mod:`hetplan.runtime.processes.crossover`) every compute (a
 forward or backward with its emulation sleep, the optimizer step) holds the device's turn, shared
 with the other job's rank on the same device, and nothing else does: transfers, collectives and
 pacing sleeps run without it, so the other job computes meanwhile. The wait for the turn counts as
@@ -59,25 +59,25 @@ from hetplan.errors import HetplanError
 from hetplan.models import resolve_model
 from hetplan.models.gpt_tp import shard_specs
 from hetplan.models.plan_tp import shard_model_block
-from hetplan.runtime.adasum_step import ADAPTIVE, AdasumOptStep
-from hetplan.runtime.central import DECENTRALISED, device_transfer_group, gradient_process_groups, mode_groups
 from hetplan.runtime.comm import RankFailureError, failure_text, tag_of, wait
-from hetplan.runtime.crossover import DeviceTurn
 from hetplan.runtime.data import micro_offsets, open_samples, pipeline_offsets
 from hetplan.runtime.device import make_ops
-from hetplan.runtime.group_scheduler import GroupClient
-from hetplan.runtime.group_sync import GroupLayout, make_group_sync
+from hetplan.runtime.device.pacing import LinkPacer
 from hetplan.runtime.nonfinite import nonfinite_what
 from hetplan.runtime.optim import clip_coefficient
-from hetplan.runtime.pacing import LinkPacer
+from hetplan.runtime.parallel.recompute import recomputed
+from hetplan.runtime.parallel.tensor_parallel import gather_boundary, tensor_parallel_group
 from hetplan.runtime.parallel.tied import TiedParams, check_tied_plan
-from hetplan.runtime.param_server import PsClient
+from hetplan.runtime.parallel.zero import Zero1Group
 from hetplan.runtime.precision import TORCH_DTYPES, Precision, run_blocks
-from hetplan.runtime.recompute import recomputed
-from hetplan.runtime.tensor_parallel import gather_boundary, tensor_parallel_group
-from hetplan.runtime.wave_sync import GroupAverage, WaveSync
+from hetplan.runtime.processes.crossover import DeviceTurn
+from hetplan.runtime.sync.adasum_step import ADAPTIVE, AdasumOptStep
+from hetplan.runtime.sync.central import DECENTRALISED, device_transfer_group, gradient_process_groups, mode_groups
+from hetplan.runtime.sync.group_scheduler import GroupClient
+from hetplan.runtime.sync.group_sync import GroupLayout, make_group_sync
+from hetplan.runtime.sync.param_server import PsClient
+from hetplan.runtime.sync.wave_sync import GroupAverage, WaveSync
 from hetplan.runtime.weights.materialise import build_rank_blocks
-from hetplan.runtime.zero import Zero1Group
 from hetplan.schedule.actions import Action, Kind
 from hetplan.schedule.boundary import piece, splits
 from hetplan.schedule.compile import CompiledPlan, DeviceProgram
@@ -240,7 +240,7 @@ class RankExecutor:
         self.slowdown_schedule = SlowdownSchedule(entry.emulated_slowdown, entry.slowdown_changes) if emulate else None
         self.slowdown = entry.emulated_slowdown if emulate else 1.0
         self.pacer = LinkPacer(config, address, enabled=emulate)  # emulated slow links
-        # a co-run (hetplan.runtime.crossover): the device's turn, held while computing; None alone
+        # a co-run (hetplan.runtime.processes.crossover): the device's turn, held while computing; None alone
         self.turn = DeviceTurn(config.crossover, address) if config.crossover is not None else None
         self.last_backward = max((i for i, a in enumerate(self.actions) if a.kind is Kind.BACKWARD), default=-1)
         # one process group per gradient group held by more than one device, created in the same
@@ -279,7 +279,7 @@ class RankExecutor:
             deltas=combine == "adasum" and config.optimizer in ADAPTIVE,  # Adasum of the parameter changes
         )
         # ZeRO-1 (plan zero: 1): each shared group's optimizer state and fp32 master sharded over its
-        # holders (hetplan.runtime.zero), made once every process group exists, in group order (each
+        # holders (hetplan.runtime.parallel.zero), made once every process group exists, in group order (each
         # checks its layout with one collective); Precision keeps the rest
         self.zero: dict[int, Zero1Group] = {}
         if config.plan.zero == 1:
@@ -307,7 +307,7 @@ class RankExecutor:
         self.lr_schedule = config.lr_by_step()
         self.optimizer = self.precision.optimizer
         # the decentralised sync modes (wsp, sdpipe): the pipeline's own group (loss and norm), and
-        # this device's side of the central role (hetplan.runtime.central)
+        # this device's side of the central role (hetplan.runtime.sync.central)
         self.params = params
         self.pipe_group = mode_groups(config.plan, compiled, rank_of).get(self.program.pipeline)
         # wsp, sdpipe under NCCL: the pipelines' CUDA transfers on a group without the central rank
@@ -388,7 +388,7 @@ class RankExecutor:
         self._sent_nonfinite = 0
         self._unscale_sent = plan.sync in ("topk", "adasum") and self.precision.scaler.enabled
         self._forced_overflow = _forced_overflow_step(rank_of[address])
-        # adasum with momentum/adam/adamw: its own OPT (hetplan.runtime.adasum_step); None otherwise
+        # adasum with momentum/adam/adamw: its own OPT (hetplan.runtime.sync.adasum_step); None otherwise
         self.adasum_step = AdasumOptStep.create(self, rank_of)
         for p in params:
             p.register_post_accumulate_grad_hook(self._on_grad)
@@ -638,7 +638,7 @@ class RankExecutor:
 
     def _load_flat(self, flat: torch.Tensor) -> None:
         """Set this device's weights (and fp32 master copies) from one flat fp32 buffer, in the
-        order of its parameters (:func:`hetplan.runtime.central.param_names`)."""
+        order of its parameters (:func:`hetplan.runtime.sync.central.param_names`)."""
         offset = 0
         with torch.no_grad():
             for p in self.params:

@@ -8,7 +8,7 @@ hetplan.runtime.worker CONFIG --node-name NODES``: each worker finds its device 
 the rank config's devices, in rank-config order (several nodes are listed comma-separated, so a
 plan of several nodes runs under the one agent too). With ``HETPLAN_RANK_START=forkserver`` (what the
 test suite sets) one fork server imports torch and the runtime once and forks the ranks from it
-(torchrun's own ``--start-method forkserver --run-path``, :mod:`hetplan.runtime.forked_rank`): about
+(torchrun's own ``--start-method forkserver --run-path``, :mod:`hetplan.runtime.processes.forked_rank`): about
 2.5 s of CPU less per rank, and the same messages, signals and exit codes. What hetplan adds around torchrun:
 
 * **one line when a rank dies.** torchrun ends the other workers itself once one fails (it never
@@ -28,9 +28,9 @@ test suite sets) one fork server imports torch and the runtime once and forks th
 * **one run log.** Each rank appends to ``RUN/rank-R.jsonl``; they are merged, sorted by step and
   rank, into ``log`` (also when the run fails or is stopped: the steps so far); progress is rank 0's
   count of finished steps, and ``on_step`` gets each step once every rank has logged it
-  (:mod:`hetplan.runtime.watch`: loss, step time, samples/s).
+  (:mod:`hetplan.runtime.processes.watch`: loss, step time, samples/s).
 * **signals.** SIGTERM, SIGINT or SIGHUP to the launching process stops every rank (as above),
-  writes the run log so far and raises :class:`~hetplan.runtime.interrupt.InterruptedRunError` (exit code
+  writes the run log so far and raises :class:`~hetplan.runtime.processes.interrupt.InterruptedRunError` (exit code
   128 + the signal); the same signals sent to the agent itself end it and its workers (torchrun
   forwards them; each worker ends within its grace period), and the launcher says so.
 * **non-finite losses.** A step whose loss (or, without loss scaling, gradient) is not finite is
@@ -56,8 +56,8 @@ from pathlib import Path
 
 from hetplan.contracts.rank_config import RankConfig, load_rank_config
 from hetplan.errors import HetplanError
-from hetplan.runtime.interrupt import STOP_SIGNALS, InterruptedRunError, StopSignals
-from hetplan.runtime.watch import StepLine, StepWatcher
+from hetplan.runtime.processes.interrupt import STOP_SIGNALS, InterruptedRunError, StopSignals
+from hetplan.runtime.processes.watch import StepLine, StepWatcher
 from hetplan.runtime.worker import TERM_GRACE_S  # what a worker has, after SIGTERM, to say where it was
 
 __all__ = [
@@ -89,7 +89,7 @@ _RANK_MODULES = (
     "hetplan.runtime.worker",
     "hetplan.runtime.executor",
     "hetplan.runtime.checkpoint",
-    "hetplan.runtime.central",
+    "hetplan.runtime.sync.central",
     "hetplan.runtime.device.rank_device",
     "hetplan.runtime.device.transport",
     "hetplan.runtime.memtrack",
@@ -193,7 +193,7 @@ class LocalRun:
     """One job under one torchrun agent: started by the constructor, watched by :meth:`poll`, ended
     by :meth:`stop`, its logs merged by :meth:`collect`.
 
-    :func:`launch_local` drives one; :func:`hetplan.runtime.crossover.launch_together` drives two
+    :func:`launch_local` drives one; :func:`hetplan.runtime.processes.crossover.launch_together` drives two
     at once (each its own agent, port and folder), which is why the watching is a method that returns
     rather than a loop: a co-run polls both and stops the other job when one fails. The arguments
     are :func:`launch_local`'s.
@@ -433,12 +433,12 @@ def _start_fork_server(config_path: str | None) -> None:
 def _torchrun_args(world: int, work: Path, worker: list[str], *, preload: bool = False) -> list[str]:
     """torchrun's arguments: one standalone node, no restarts, each rank's output in a file.
 
-    ``preload``: each rank is forked from a fork server and runs :mod:`hetplan.runtime.forked_rank`
+    ``preload``: each rank is forked from a fork server and runs :mod:`hetplan.runtime.processes.forked_rank`
     (torchrun's ``--start-method forkserver --run-path``) instead of ``worker``'s ``-m
     hetplan.runtime.worker``.
     """
     if preload and worker[:2] == ["-m", "hetplan.runtime.worker"]:
-        script = str(Path(__file__).with_name("forked_rank.py"))
+        script = str(Path(__file__).parent / "processes" / "forked_rank.py")
         worker = ["--start-method", "forkserver", "--run-path", script, *worker[2:]]
     return [
         "--standalone",

@@ -21,9 +21,9 @@ import torch
 
 from hetplan.contracts.lr_schedule import LrSchedule
 from hetplan.models import resolve_model
-from hetplan.runtime.adasum import weighted_adasum_tree
 from hetplan.runtime.data import open_samples
 from hetplan.runtime.precision import Precision, run_blocks
+from hetplan.runtime.sync.adasum import weighted_adasum_tree
 
 __all__ = ["train_reference"]
 
@@ -53,7 +53,7 @@ def train_reference(
     ``history``, when given, receives per step what the run log records: ``lr``, ``grad_norm``
     (before clipping; None when not finite) and ``clipped``. ``adasum_batches`` (the pipelines'
     batches, in plan order; fp32) makes the step's gradient the Adasum of the pipelines' mean
-    gradients, parameter by parameter, weighted by batch (:mod:`hetplan.runtime.adasum`), each
+    gradients, parameter by parameter, weighted by batch (:mod:`hetplan.runtime.sync.adasum`), each
     pipeline's computed by one backward over its own rows of the global batch.
     """
     if adasum_batches is not None and (dtype != "fp32" or sum(adasum_batches) != global_batch):

@@ -77,7 +77,7 @@ def _stop_after_grace_on_sigterm(where: _Where) -> None:
 def _address_of(config, args: argparse.Namespace) -> str:
     """This rank's device: ``--device``, or the LOCAL_RANK-th device of the ``--node`` list."""
     from hetplan.errors import HetplanError
-    from hetplan.runtime.central import CENTRAL
+    from hetplan.runtime.sync.central import CENTRAL
 
     if args.device:
         address = args.device
@@ -93,7 +93,7 @@ def _address_of(config, args: argparse.Namespace) -> str:
                 )
             devices += config.nodes[node]
         # wsp and sdpipe: the local rank after the devices of the central node's agent is the central
-        # process (hetplan.runtime.central), which holds no device
+        # process (hetplan.runtime.sync.central), which holds no device
         if config.central_node in args.node.split(",") and local == len(devices):
             return CENTRAL
         if not 0 <= local < len(devices):
@@ -126,13 +126,13 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     from hetplan.contracts.rank_config import load_rank_config
     from hetplan.contracts.runlog import RUNLOG_SCHEMA
     from hetplan.errors import HetplanError
-    from hetplan.runtime.central import CENTRAL, process_group_backend, run_central
     from hetplan.runtime.checkpoint import load_checkpoint
     from hetplan.runtime.comm import RankFailureError
     from hetplan.runtime.device.rank_device import choose_device
     from hetplan.runtime.device.transport import check_transport, p2p_groups, start_transport, warm_p2p_group
     from hetplan.runtime.executor import RankExecutor
     from hetplan.runtime.memtrack import measure_peak
+    from hetplan.runtime.sync.central import CENTRAL, process_group_backend, run_central
     from hetplan.runtime.validate import validate_p2p_groups, validate_programs
     from hetplan.schedule.compile import compile_plan
 
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace, where: _Where) -> None:
         where.doing = f"serving as the {config.plan.sync} central process"
         checkpoints = None
         if config.plan.sync == "wsp" and (args.save or args.resume):
-            from hetplan.runtime.central import CentralCheckpoints
+            from hetplan.runtime.sync.central import CentralCheckpoints
 
             checkpoints = CentralCheckpoints(
                 save=args.save,
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace, where: _Where) -> None:
             executor.group_sync.load_state_dict(load_residuals(args.resume, address, step=args.resume_step))
     end_step = start_step + args.steps
     if config.crossover is not None:  # a co-run: every job's ranks start their first step together
-        from hetplan.runtime.crossover import wait_for_co_runners
+        from hetplan.runtime.processes.crossover import wait_for_co_runners
 
         where.doing = "waiting for the other co-run jobs to start"
         try:

@@ -1,4 +1,4 @@
-"""Adasum across ranks (:class:`hetplan.runtime.adasum.AdasumTree`) on four gloo ranks against the
+"""Adasum across ranks (:class:`hetplan.runtime.sync.adasum.AdasumTree`) on four gloo ranks against the
 paper's formula written here, independently of the code under test: two ranks (a process group of
 two), four ranks in the tree's order ((0 1) (2 3)), every rank holding the same bits, tensor by tensor;
 and Adam on deltas as Horovod applies it (each rank steps its own Adam on its own gradient, the
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hetplan.runtime.adasum import AdasumDeltas, AdasumTree
+from hetplan.runtime.sync.adasum import AdasumDeltas, AdasumTree
 
 WORLD = 4
 SIZES = (6, 3, 5)  # three tensors in one flat buffer: the dot products are taken per tensor

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hetplan.runtime.group_scheduler import GroupClient, GroupScheduler
 from hetplan.runtime.optim import make_optimizer
-from hetplan.runtime.param_server import ParamServer, PsClient
-from hetplan.runtime.wave_sync import GroupAverage, WaveSync
+from hetplan.runtime.sync.group_scheduler import GroupClient, GroupScheduler
+from hetplan.runtime.sync.param_server import ParamServer, PsClient
+from hetplan.runtime.sync.wave_sync import GroupAverage, WaveSync
 
 SHAPES = {"a": (4,), "b": (3,)}
 WAVES = 5

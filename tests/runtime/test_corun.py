@@ -27,7 +27,7 @@ from hetplan.emit import build_rank_config
 from hetplan.emit.rank_config import DEFAULT_LR
 from hetplan.errors import HetplanError
 from hetplan.local_job import CoRun, TrainingOptions, train_here, train_together
-from hetplan.runtime.crossover import DeviceTurn
+from hetplan.runtime.processes.crossover import DeviceTurn
 from hetplan.runtime.reference import train_reference
 
 ROOT = Path(__file__).resolve().parents[2]

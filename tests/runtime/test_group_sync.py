@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from hetplan.runtime.group_sync import GroupLayout, make_group_sync
-from hetplan.runtime.topk import TopK, densify
+from hetplan.runtime.sync.group_sync import GroupLayout, make_group_sync
+from hetplan.runtime.sync.topk import TopK, densify
 
 WORLD = 4
 SIZES = (6, 3, 5)  # three tensors in one group's flat buffer
@@ -38,7 +38,7 @@ def _same(rank: int) -> torch.Tensor:
 
 
 def _weighted_pair(a, b):
-    """The weighted Adasum rule of hetplan.runtime.adasum's doc, written out here (float64): the
+    """The weighted Adasum rule of hetplan.runtime.sync.adasum's doc, written out here (float64): the
     reference, independent of the code under test. Nodes are (value, weight, leaves)."""
     (va, wa, na), (vb, wb, nb) = a, b
     n, w = na + nb, wa + wb

@@ -142,7 +142,7 @@ def test_a_preloading_agent_is_asked_for_torchruns_forkserver_start_and_the_fork
     worker = _worker_args(tmp_path / "c.yaml", ["n0"], steps=3, work=tmp_path, threads=1)
     args = parse_args(_torchrun_args(2, tmp_path, worker, preload=True))
     assert args.start_method == "forkserver" and args.run_path and not args.module
-    assert args.training_script == str(ROOT / "planner" / "runtime" / "forked_rank.py")
+    assert args.training_script == str(ROOT / "planner" / "runtime" / "processes" / "forked_rank.py")
     assert args.training_script_args == worker[2:]
 
 

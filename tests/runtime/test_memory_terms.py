@@ -97,7 +97,7 @@ CHECKPOINT_CASES = [("adam", "fp32"), ("adam", "bf16"), ("momentum", "bf16")]
 
 def _save_worker(rank: int, init: str, out: str) -> None:
     from hetplan.runtime.memtrack import measure_peak
-    from hetplan.runtime.zero import Zero1Group
+    from hetplan.runtime.parallel.zero import Zero1Group
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     lines = []

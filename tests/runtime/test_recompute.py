@@ -20,7 +20,7 @@ from torch import nn
 from hetplan.errors import HetplanError
 from hetplan.models import resolve_model
 from hetplan.models.gpt_tp import ShardSpec, TpGroup, shard_block, shard_specs
-from hetplan.runtime.recompute import recomputed
+from hetplan.runtime.parallel.recompute import recomputed
 
 GPT = {"family": "gpt", "config": {"layers": 2, "hidden": 32, "heads": 4, "seq": 8, "vocab": 31}}
 

@@ -4,7 +4,7 @@ where arrival order alone would pair a fast one with a slow one."""
 
 from __future__ import annotations
 
-from hetplan.runtime.group_scheduler import READY, STOP, GroupScheduler, pick_group
+from hetplan.runtime.sync.group_scheduler import READY, STOP, GroupScheduler, pick_group
 
 
 class _Clock:

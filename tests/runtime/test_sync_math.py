@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetplan.runtime.adasum import adasum_pair, adasum_tree, weighted_adasum_tree
-from hetplan.runtime.topk import TopK, densify
+from hetplan.runtime.sync.adasum import adasum_pair, adasum_tree, weighted_adasum_tree
+from hetplan.runtime.sync.topk import TopK, densify
 
 
 def _orthogonal(n: int, size: int = 8) -> list[torch.Tensor]:

@@ -56,7 +56,7 @@ def test_topk_ratio_one_is_the_all_reduce(tmp_path) -> None:
 
 
 def _weighted_adasum(a: torch.Tensor, b: torch.Tensor, wa: float, wb: float) -> torch.Tensor:
-    """Two pipelines' updates of one tensor by the weighted Adasum rule (hetplan.runtime.adasum's
+    """Two pipelines' updates of one tensor by the weighted Adasum rule (hetplan.runtime.sync.adasum's
     doc), written out here (float64); equal weights give the paper's formula."""
     a, b = a.double().flatten(), b.double().flatten()
     ca, cb = wa * 2 / (wa + wb), wb * 2 / (wa + wb)

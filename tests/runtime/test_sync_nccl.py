@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hetplan.runtime.central import device_transfer_group, process_group_backend
-from hetplan.runtime.param_server import PsClient
-from hetplan.runtime.wave_sync import GroupAverage
+from hetplan.runtime.sync.central import device_transfer_group, process_group_backend
+from hetplan.runtime.sync.param_server import PsClient
+from hetplan.runtime.sync.wave_sync import GroupAverage
 
 
 class OnDevice:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from hetplan.runtime.checkpoint import load_residuals, residual_state, save_checkpoint
-from hetplan.runtime.topk import TopK, densify
+from hetplan.runtime.sync.topk import TopK, densify
 
 SIZE = 12
 RANKS = 3

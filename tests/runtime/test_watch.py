@@ -26,7 +26,7 @@ from hetplan.contracts.runlog import load_run_log
 from hetplan.contracts.yamlio import write_yaml
 from hetplan.models import resolve_model
 from hetplan.runtime.data import open_samples
-from hetplan.runtime.watch import StepWatcher
+from hetplan.runtime.processes.watch import StepWatcher
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL2 = ROOT / "profiles" / "clusters" / "local-2.yaml"

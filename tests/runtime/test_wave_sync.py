@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hetplan.runtime.param_server import Pulled
-from hetplan.runtime.wave_sync import WaveSync
+from hetplan.runtime.sync.param_server import Pulled
+from hetplan.runtime.sync.wave_sync import WaveSync
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""ZeRO-1 (planner/runtime/zero.py): a sharded step equals the replicated optimizer's, to 1e-6.
+"""ZeRO-1 (planner/runtime/parallel/zero.py): a sharded step equals the replicated optimizer's, to 1e-6.
 
 One spawn of 4 gloo processes (module fixture) runs every case on holder groups of 2, 3 and 4 ranks
 and writes, per rank, the largest differences it saw against a plain non-sharded reference that
@@ -24,7 +24,7 @@ from torch import nn
 
 from hetplan.errors import HetplanError
 from hetplan.runtime.optim import OPTIMIZERS, clip_coefficient, make_optimizer
-from hetplan.runtime.zero import Zero1Group, shard_bounds
+from hetplan.runtime.parallel.zero import Zero1Group, shard_bounds
 
 WORLD = 4
 SHAPES = [(7, 3), (5,), (4, 2, 2), (1,)]  # 43 elements: shards 22/21, 15/15/13, 11/11/11/10

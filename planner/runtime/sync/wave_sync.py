@@ -12,7 +12,7 @@ own gradient (HetPipe's local update: plain SGD at the step's learning rate on t
 gradient, ``to_mean`` x the gradient as weighted for the all-reduce), so a virtual worker's later
 steps of a wave see its earlier ones; it adds each step's gradient (unscaled, fp32) to the wave's
 sum. At the end of a wave of ``wave`` steps it pushes the sum to the parameter server
-(:mod:`hetplan.runtime.param_server`), which steps the plan's optimizer once per clock on every
+(:mod:`hetplan.runtime.sync.param_server`), which steps the plan's optimizer once per clock on every
 worker's sum, and pulls the newest weights the staleness bound lets it use (``min_version = clock +
 1 - staleness``: it waits only when it would run more than ``D`` waves ahead of the slowest). Onto
 them it adds its own local updates of the waves the pulled version does not hold yet (at most
@@ -25,10 +25,10 @@ there); on the device its weights (and fp32 master under fp16/bf16), the wave's 
 current wave's local update, and the local updates of at most ``D`` pushed waves not yet pulled
 back (all flat fp32 of the device's parameters). A step whose gradient overflowed in the device's
 pipeline (fp16) is left out of the sum and of the local update, and the push says so: the server
-then skips the clock for everyone (:class:`~hetplan.runtime.param_server.ParamServer`).
+then skips the clock for everyone (:class:`~hetplan.runtime.sync.param_server.ParamServer`).
 
 **SDPipe**: the device's pipeline has stepped its own optimizer; the device tells the group
-scheduler it is ready (:mod:`hetplan.runtime.group_scheduler`), learns the round's group, and swaps
+scheduler it is ready (:mod:`hetplan.runtime.sync.group_scheduler`), learns the round's group, and swaps
 its blocks' weights with its counterparts in the other pipelines of the group (the device of the same
 stage, replica and shard: the pipelines of an SDPipe plan share one structure), point to point, all
 at once; then every member takes the batch-share-weighted average, adding in pipeline order so every
@@ -44,9 +44,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from hetplan.runtime.group_scheduler import GroupClient
-from hetplan.runtime.pacing import CENTRAL, LinkPacer
-from hetplan.runtime.param_server import PsClient, to_host
+from hetplan.runtime.device.pacing import CENTRAL, LinkPacer
+from hetplan.runtime.sync.group_scheduler import GroupClient
+from hetplan.runtime.sync.param_server import PsClient, to_host
 
 __all__ = ["AVERAGE_TAG", "GroupAverage", "WaveSync"]
 

@@ -30,12 +30,12 @@ from hetplan.contracts.plan import Plan
 from hetplan.contracts.rank_config import RankConfig
 from hetplan.models import resolve_model
 from hetplan.runtime.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
-from hetplan.runtime.group_scheduler import GroupScheduler
+from hetplan.runtime.device.pacing import CENTRAL  # the address the extra rank takes in place of a device's
 from hetplan.runtime.optim import clip_coefficient
-from hetplan.runtime.pacing import CENTRAL  # the address the extra rank takes in place of a device's
-from hetplan.runtime.param_server import ParamServer
+from hetplan.runtime.parallel.tensor_parallel import tensor_parallel_group
 from hetplan.runtime.precision import Precision
-from hetplan.runtime.tensor_parallel import tensor_parallel_group
+from hetplan.runtime.sync.group_scheduler import GroupScheduler
+from hetplan.runtime.sync.param_server import ParamServer
 from hetplan.runtime.weights.materialise import build_rank_blocks
 from hetplan.schedule.compile import CompiledPlan
 
@@ -83,7 +83,7 @@ def process_group_backend(backend: str, *, central: bool) -> str:
     with a central process (wsp, sdpipe), the device-type map ``cpu:gloo,cuda:nccl``.
 
     The central process holds no GPU and every exchange with it (and SDPipe's weight swap) moves
-    CPU tensors (:func:`hetplan.runtime.param_server.to_host`): under the map torch.distributed sends
+    CPU tensors (:func:`hetplan.runtime.sync.param_server.to_host`): under the map torch.distributed sends
     CPU tensors over gloo and CUDA tensors (pipeline transfers, the pipeline's own collectives) over
     NCCL, on the same groups. Object collectives (the address exchange) pick gloo too, since the
     map names ``cpu``."""

@@ -10,12 +10,12 @@ batch's mean gradient. The modes differ only in how they combine:
 
 * ``allreduce``: ``torch.distributed.all_reduce`` (sum): exact.
 * ``topk``: each holder sends the ``k`` largest entries of its contribution plus its residual
-  (:class:`hetplan.runtime.topk.TopK`, error feedback), every holder all-gathers every holder's
+  (:class:`hetplan.runtime.sync.topk.TopK`, error feedback), every holder all-gathers every holder's
   (indices, values) and adds them up in group-rank order. Ratio 1 is the all-reduce's sum.
 * ``adasum``: each pipeline's holders sum their contributions (a replicated stage), turn it into the
   pipeline's mean gradient, and the pipelines combine them by Adasum tensor by tensor, weighted by
   their batch shares, pairwise up a binary tree, the root broadcasting the result
-  (:class:`hetplan.runtime.adasum.AdasumTree`: one receive buffer per rank, never ``n`` copies).
+  (:class:`hetplan.runtime.sync.adasum.AdasumTree`: one receive buffer per rank, never ``n`` copies).
 
 Top-k's all-gathers carry ``n`` contributions where a ring all-reduce moves two; the simulator
 charges Adasum as an all-gather too (docs/cost-model.md), where its tree moves
@@ -31,9 +31,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hetplan.runtime.adasum import AdasumTree
 from hetplan.runtime.comm import wait
-from hetplan.runtime.topk import TopK, densify
+from hetplan.runtime.sync.adasum import AdasumTree
+from hetplan.runtime.sync.topk import TopK, densify
 
 __all__ = ["AdasumSync", "AllReduceSync", "GroupLayout", "Pending", "TopKSync", "make_group_sync"]
 
@@ -129,7 +129,7 @@ class AdasumSync:
     def __init__(self, layouts: Mapping[int, GroupLayout], *, deltas: bool = False) -> None:
         self.layouts = dict(layouts)
         # deltas (an adaptive optimizer): the gradients are summed inside each pipeline only; the
-        # pipelines' parameter changes are combined after their own steps (hetplan.runtime.adasum_step)
+        # pipelines' parameter changes are combined after their own steps (hetplan.runtime.sync.adasum_step)
         self.deltas = deltas
         self._trees: dict[int, AdasumTree] = {}
 

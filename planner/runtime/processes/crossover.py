@@ -51,9 +51,9 @@ how far it got. Both jobs' run logs are written with the steps done so far, as
 :func:`~hetplan.runtime.launcher.launch_local` writes one job's.
 
 **Signals.** SIGTERM, SIGINT and SIGHUP to the launching process (``hetplan launch a.yaml b.yaml``)
-are noted (:class:`~hetplan.runtime.interrupt.StopSignals`, set before the first agent starts), and
+are noted (:class:`~hetplan.runtime.processes.interrupt.StopSignals`, set before the first agent starts), and
 the watch loop, between two polls, stops every rank of both jobs, writes both run logs so far and
-raises :class:`~hetplan.runtime.interrupt.InterruptedRunError` (exit code 128 + the signal) with one
+raises :class:`~hetplan.runtime.processes.interrupt.InterruptedRunError` (exit code 128 + the signal) with one
 line naming each job's steps and log. Without it a ``kill`` ended the command at once while both
 agents, in sessions of their own, kept training.
 """
@@ -71,7 +71,7 @@ from urllib.parse import quote, unquote
 
 from hetplan.contracts.rank_config import Crossover, load_rank_config
 from hetplan.errors import HetplanError
-from hetplan.runtime.interrupt import InterruptedRunError, StopSignals
+from hetplan.runtime.processes.interrupt import InterruptedRunError, StopSignals
 
 if TYPE_CHECKING:
     from hetplan.runtime.launcher import LaunchResult, LocalRun

@@ -30,7 +30,7 @@ from hetplan.contracts.rank_config import RankConfig
 __all__ = ["CENTRAL", "LinkPacer"]
 
 #: The address of the central process of ``wsp`` / ``sdpipe`` (the rank config places it on its
-#: ``central.node``; :data:`hetplan.runtime.central.CENTRAL` is the same name).
+#: ``central.node``; :data:`hetplan.runtime.sync.central.CENTRAL` is the same name).
 CENTRAL = "central"
 
 

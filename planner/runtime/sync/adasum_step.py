@@ -10,12 +10,12 @@ Horovod applies it to ``new - old`` after each rank's local step for that reason
 update is ``-lr g`` and Adasum is scale-equivariant, so gradients are combined as before.
 
 The step: the gradient groups have summed only inside each pipeline (a replicated stage;
-:meth:`hetplan.runtime.adasum.AdasumTree.pipeline_sum`), so a rank's gradients are its pipeline's.
+:meth:`hetplan.runtime.sync.adasum.AdasumTree.pipeline_sum`), so a rank's gradients are its pipeline's.
 One job-wide all-reduce carries [loss, overflow count, each pipeline's squared gradient norm]
 (every pipeline's holders count their parameters once, in the pipeline's slot); each pipeline clips
 by its own norm and steps its own optimizer on its mean gradient; then the deltas are combined per
 gradient group, tensor by tensor, up the tree, and every holder sets ``old + combined``
-(:class:`hetplan.runtime.adasum.AdasumDeltas`). An overflow anywhere skips the step on every rank
+(:class:`hetplan.runtime.sync.adasum.AdasumDeltas`). An overflow anywhere skips the step on every rank
 (the count is job-wide) and backs the scaler off, as the all-reduce path does. Each pipeline's
 optimizer state stays its own (as each Horovod rank's does).
 
@@ -32,10 +32,10 @@ import torch
 import torch.distributed as dist
 
 from hetplan.errors import HetplanError
-from hetplan.runtime.adasum import AdasumDeltas
 from hetplan.runtime.comm import wait
 from hetplan.runtime.nonfinite import nonfinite_what
 from hetplan.runtime.optim import clip_coefficient
+from hetplan.runtime.sync.adasum import AdasumDeltas
 
 __all__ = ["ADAPTIVE", "AdasumOptStep"]
 
