@@ -44,7 +44,7 @@ __all__ = ["POLICIES", "RUNTIME_POLICIES", "ExclusiveRun", "Sharing", "run_exclu
 #: The orders between jobs on a shared device (module docstring).
 POLICIES = ("crossover", "first-come")
 
-#: The policies ``hetplan launch A B`` really runs (its per-device turn, hetplan.runtime.crossover):
+#: The policies ``hetplan launch A B`` really runs (its per-device turn, hetplan.runtime.processes.crossover):
 #: first-come only. ``crossover`` stays a simulated what-if: a runtime version of it starved a
 #: pipeline job beside a data-parallel one (docs/co-scheduling.md), so co-plan does not try it unless
 #: asked and never prefers it on a tie.

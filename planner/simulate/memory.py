@@ -201,7 +201,7 @@ def stage_terms(profile: ModelProfile, start: int, end: int, *, tp: int = 1, rec
 def sync_buffers(sync: str, buckets: float) -> tuple[float, float]:
     """(kept from step to step, extra while the gradients are exchanged) of a device whose shared
     gradient groups flatten to ``buckets`` bytes (fp32 elements: ``G = buckets / 4``), by sync mode,
-    as the runtime allocates them (:mod:`hetplan.runtime.group_sync`, :mod:`hetplan.runtime.topk`):
+    as the runtime allocates them (:mod:`hetplan.runtime.sync.group_sync`, :mod:`hetplan.runtime.sync.topk`):
 
     * ``topk``: the error-feedback residual, 4·G, kept; while a group is compressed, the previous
       residual is still held (until the step commits) beside gradient + residual (4·G, the new
@@ -218,7 +218,7 @@ def sync_buffers(sync: str, buckets: float) -> tuple[float, float]:
 
 def zero_checkpoint_bytes(params: float, *, optimizer: str, dtype: str) -> float:
     """Bytes a ZeRO-1 holder of a group of ``params`` parameters allocates while a checkpoint saves:
-    :meth:`hetplan.runtime.zero.Zero1Group.state_dict` gathers each sharded fp32 tensor (each
+    :meth:`hetplan.runtime.parallel.zero.Zero1Group.state_dict` gathers each sharded fp32 tensor (each
     optimizer state buffer and, for fp16/bf16, the master weights; fp32 weights are the master and
     are not copied) and keeps a full copy of each per parameter, one flat gathered tensor alive
     beside them at a time: 4 bytes per parameter per tensor, plus 4 for the flat one."""
@@ -244,7 +244,7 @@ def optimizer_bytes(
     for b in range(start, end):
         shared = (holders or {}).get(b, 1)
         # the ZeRO-1 runtime steps a flat fp32 shard of the weights, a master copy under fp32 too
-        # (planner/runtime/zero.py: the weights are separate tensors, the shard a flat slice of them)
+        # (planner/runtime/parallel/zero.py: the weights are separate tensors, the shard a flat slice of them)
         master = FP32_BYTES if mixed or shared > 1 else 0.0
         total += (state + master) * profile.shard(b, tp).params / shared
     return total
@@ -358,7 +358,7 @@ def _device_memory(
     grad_in, grad_out, workspace = terms.grad_in, terms.grad_out, terms.workspace
     # fp32 gradients are freed by the step (set to None) and come back with the step's first
     # backward; fp16/bf16 keep their fp32 buffers for the whole run (zeroed, not freed), as does a
-    # ZeRO-1 holder under any dtype (its flat fp32 gradient buffer, planner/runtime/zero.py)
+    # ZeRO-1 holder under any dtype (its flat fp32 gradient buffer, planner/runtime/parallel/zero.py)
     persistent = mixed or any(h > 1 for h in key[5])
     late_grads = 0.0 if persistent else gradients
 
