@@ -3,9 +3,10 @@
     python benchmarks/bench_planner.py baselines     # every bundled heterogeneous cluster + real profiles
     python benchmarks/bench_planner.py speed         # time to plan, growing devices and blocks
     python benchmarks/bench_planner.py optimality    # 200 random small instances vs exhaustive search
-    python benchmarks/bench_planner.py cli [--before REF] [--repeat N]
+    python benchmarks/bench_planner.py cli [--before REF] [--repeat N] [--new DIR]
                                                      # `hetplan plan` from the command line, this tree
-                                                     # beside REF's (default HEAD~1), interleaved
+                                                     # (or DIR's planner/) beside REF's (default
+                                                     # HEAD~1), interleaved
 
 Prints Markdown tables (docs/benchmarks.md quotes them) and the command that made them. Timings are
 wall-clock and the process's CPU time on whatever runs this (here: 2 shared cores), best of three
@@ -262,18 +263,20 @@ def _cli_run(path: Path, args: list[str]) -> tuple[float, float]:
     return wall, cpu
 
 
-def run_cli(before: str = "HEAD~1", repeat: int = 5) -> None:
+def run_cli(before: str = "HEAD~1", repeat: int = 5, new_tree: Path = ROOT) -> None:
     """``hetplan plan`` from the command line (interpreter start, imports, YAML in and out, search,
-    baselines, printing), this tree and ``before``'s, alternately, ``repeat`` times each; the plan
-    files of the two are compared byte for byte."""
+    baselines, printing), ``new_tree``'s (default: this tree) and ``before``'s, alternately,
+    ``repeat`` times each; the plan files of the two are compared byte for byte. ``new_tree``: a
+    folder with a ``planner/`` (a copy of the previous commit with only some files changed, say,
+    where other work in this checkout would otherwise be timed with them)."""
     import tempfile
 
     print(f"(load average {', '.join(f'{x:.2f}' for x in os.getloadavg())} before)\n")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         old = _tree_of(before, work / "before")
-        new = _importable(ROOT, work / "new")
-        print(f"previous: `git archive {before}`; new: this tree ({ROOT}); {repeat} runs each, alternating\n")
+        new = _importable(new_tree, work / "new")
+        print(f"previous: `git archive {before}`; new: {new_tree}; {repeat} runs each, alternating\n")
         print(
             "| case | devices | blocks | previous: best (median) | new: best (median) | best new / previous "
             "| CPU s previous / new | same plan bytes |"
@@ -342,7 +345,10 @@ if __name__ == "__main__":
         parser = argparse.ArgumentParser(prog="bench_planner.py cli")
         parser.add_argument("--before", default="HEAD~1", help="git ref of the previous code (default HEAD~1)")
         parser.add_argument("--repeat", type=int, default=5, choices=range(1, 101), metavar="N")
+        parser.add_argument(
+            "--new", type=Path, default=ROOT, help="folder holding the new planner/ (default: this tree)"
+        )
         parsed = parser.parse_args(sys.argv[2:])
-        run_cli(parsed.before, parsed.repeat)
+        run_cli(parsed.before, parsed.repeat, parsed.new.resolve())
     else:
         {"baselines": run_baselines, "speed": run_speed, "optimality": run_optimality}[what]()

@@ -103,7 +103,8 @@ def _job_curve(records: list[dict]) -> list[tuple[float, float]]:
     for r in records:
         by_pipe.setdefault(r["pipeline"], [])
     for p in by_pipe:
-        rows = sorted((r["step"], r["iteration_s"], r["loss"]) for r in records if r["pipeline"] == p)
+        mine = [r for r in records if r["pipeline"] == p]  # its own loss: pipeline_loss under wsp/sdpipe
+        rows = sorted((r["step"], r["iteration_s"], r.get("pipeline_loss", r["loss"])) for r in mine)
         clock, out = 0.0, []
         seen = set()
         for step, it, loss in rows:

@@ -1177,7 +1177,7 @@ def section_sync_fp16(check: Check) -> None:
             devices = [r for r in records if r.get("device") != "central"]
             _on_expected_device(check, devices, name)
             skipped = {s: sorted({bool(r.get("skipped_step")) for r in devices if r["step"] == s}) for s in range(3)}
-            # the job's loss: wsp and sdpipe log each pipeline's own; the pipelines' batches are equal
+            # the job's loss: every mode's merged run log gives the global batch's on each line
             mine = [statistics.fmean(r["loss"] for r in devices if r["step"] == s) for s in range(3)]
             if not forced:
                 losses[sync] = mine

@@ -16,6 +16,54 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HETPLAN_RANK_START", "forkserver")
 sys.path.insert(0, str(ROOT / "tests"))
 
+#: What a test module's source says when its tests start processes of their own: ranks (a launch,
+#: torchrun, a process group over spawned processes) or a script that starts them.
+STARTS_PROCESSES = (
+    "launch_local",
+    "hetplan.runtime.launcher",
+    '"launch"',
+    "init_process_group",
+    "torchrun",
+    "subprocess",
+)
+#: pytest-xdist's group for those modules' tests: under ``-n 2 --dist loadgroup`` (the README's test
+#: command) they run one after another on one worker, as without xdist, while the other worker takes
+#: the single-process tests. Two launches at once would put 8 to 16 ranks on 2 cores, and ranks with
+#: short timeouts would then time out.
+PROCESS_GROUP = "starts-processes"
+
+
+def _starts_processes(path: Path, cache: dict[Path, bool] = {}) -> bool:  # noqa: B006 (a cache per run)
+    if path not in cache:
+        text = path.read_text(encoding="utf-8") if path.suffix == ".py" and path.is_file() else ""
+        cache[path] = any(token in text for token in STARTS_PROCESSES)
+    return cache[path]
+
+
+def process_scope(nodeid: str) -> str:
+    """xdist's work unit for a test: the group for a test that starts processes, else the test itself."""
+    return PROCESS_GROUP if _starts_processes(ROOT / nodeid.split("::", 1)[0]) else nodeid
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own loadgroup scheduler
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with the group given by the test's file, not by marks: xdist 3.8 puts a
+    mark's group into ``item._nodeid``, which pytest 9 no longer reads (its tests would spread over
+    both workers). Other ``--dist`` modes are xdist's own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ProcessGroupScheduling(LoadScopeScheduling):
+        """One work unit for every test that starts processes (it goes first: the largest unit),
+        one unit per test for the others."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return process_scope(nodeid)
+
+    return ProcessGroupScheduling(config, log)
+
+
 SHARED_EXTERNAL = ROOT.parent / "shared" / "external"
 needs_shared = pytest.mark.skipif(
     not SHARED_EXTERNAL.is_dir(), reason="../shared/external is absent (real profiles from other planners)"

@@ -13,7 +13,10 @@ consecutive devices (``devices[0:t]``, ``devices[t:2t]``, ...), each replica one
 tensor-parallel group that shares one slice of every micro-batch, so ``shares`` has one entry per
 replica. ``recompute`` (``none | full | selective``) says what a stage keeps for backward: ``full``
 keeps only each block's input and runs the forward again in backward, ``selective`` drops the
-attention internals (scores, softmax, dropout mask) and recomputes them. The plan-level ``zero: 1``
+attention internals (scores, softmax, dropout mask) and recomputes them. At ``tensor_parallel`` > 1
+the zoo GPT's embedding and head are vocabulary-parallel (each member keeps 1/t of the token table,
+the LM head and the logits, Megatron's); ``vocab_parallel: false`` keeps them whole on every member
+(only ``false`` is written: the default is the plan's choice). The plan-level ``zero: 1``
 shards optimizer state (and the fp32 master copy) over the holders of each gradient group. Hand-written plans need
 only the minimal keys: ``schema``, ``inputs`` (paths), ``global_batch``, ``pipelines``.
 """
@@ -104,6 +107,8 @@ class Stage:
     shares: tuple[float, ...]
     tensor_parallel: int = 1
     recompute: str = "none"
+    #: at tensor_parallel > 1: the zoo GPT's embedding and head cut by vocabulary rows (Megatron's)
+    vocab_parallel: bool = True
 
     @property
     def replicated(self) -> bool:
@@ -128,6 +133,8 @@ class Stage:
             out["shares"] = list(self.shares)
         if self.recompute != "none":
             out["recompute"] = self.recompute
+        if self.tensor_parallel > 1 and not self.vocab_parallel:
+            out["vocab_parallel"] = False
         return out
 
 
@@ -235,8 +242,17 @@ def _parse_stage(s: Fields) -> Stage:
     else:
         values = tuple(1.0 / replicas for _ in range(replicas))
     recompute = s.str("recompute", "none", choices=RECOMPUTE)
+    vocab_parallel = s.boolean("vocab_parallel", True)
     s.done()
-    return Stage(start=start, end=end, devices=tuple(devices), shares=values, tensor_parallel=tp, recompute=recompute)
+    return Stage(
+        start=start,
+        end=end,
+        devices=tuple(devices),
+        shares=values,
+        tensor_parallel=tp,
+        recompute=recompute,
+        vocab_parallel=vocab_parallel,
+    )
 
 
 def parse_sync(f: Fields, pipelines: list[Pipeline], zero: int) -> tuple[str, dict[str, float | int]]:
@@ -355,16 +371,23 @@ def parse_pipelines(f: Fields, global_batch: int) -> list[Pipeline]:
     ends = {p.stages[-1].end for p in pipelines}
     if len(ends) != 1:
         raise f.error(f"pipelines end at different blocks {sorted(ends)}; each must cover the whole model", "pipelines")
-    degree_of: dict[int, tuple[int, str]] = {}
+    degree_of: dict[int, tuple[int, bool, str]] = {}
     for pi, p in enumerate(pipelines):
         for si, st in enumerate(p.stages):
+            vp = st.vocab_parallel or st.tensor_parallel == 1
             for b in range(st.start, st.end):
-                t, where = degree_of.setdefault(b, (st.tensor_parallel, f"pipelines[{pi}].stages[{si}]"))
+                t, v, where = degree_of.setdefault(b, (st.tensor_parallel, vp, f"pipelines[{pi}].stages[{si}]"))
                 if t != st.tensor_parallel:
                     raise f.error(
                         f"block {b} is tensor_parallel {st.tensor_parallel} here but {t} in {where}: every holder "
                         "of a block uses one degree (their gradient shards all-reduce together)",
                         f"pipelines[{pi}].stages[{si}].tensor_parallel",
+                    )
+                if v != vp:
+                    raise f.error(
+                        f"block {b} is vocab_parallel {str(vp).lower()} here but {str(v).lower()} in {where}: every "
+                        "holder of a block cuts it alike",
+                        f"pipelines[{pi}].stages[{si}].vocab_parallel",
                     )
     seen: dict[str, str] = {}
     for pi, p in enumerate(pipelines):

@@ -10,19 +10,28 @@ when the rank emulated a slower device type. ``lr`` (the step's learning rate), 
 2-norm of the whole model's gradient before clipping, the same on every rank; null when it was not
 finite) and ``clipped`` (present when the run clips: whether this step did) follow the optimizer.
 
-Sync modes: under ``wsp`` and ``sdpipe`` the pipelines do not meet every step, so ``loss`` is the
-rank's *pipeline's* mean loss; ``wave`` (wsp, at a wave's end: ``clock``, the ``version`` of the
-weights pulled, ``waves_ahead`` of the slowest the next wave runs) and ``group`` (sdpipe: the
-pipelines this step averaged with) say how the pipelines met. ``emulated_link_s`` (emulation only) is
-what the rank slept this step to make emulated links as slow as the cluster states. ``nonfinite``
-is present on a step whose loss (``nan``, ``inf``, ``-inf``; ``loss`` is then null) or, without
-loss scaling, gradient (``gradient``) was not finite: every rank skipped that step's update.
+Sync modes: ``loss`` is the global batch's mean loss in every mode. Under ``wsp`` and ``sdpipe`` the
+pipelines do not meet every step (no job-wide all-reduce), so each rank logs its pipeline's mean loss
+as ``pipeline_loss`` and the pipeline's samples per step as ``pipeline_batch``, with ``loss`` null;
+the merged run log (:func:`fill_global_loss`, which the launcher and :func:`load_run_log` apply) sets
+every record's ``loss`` to the sample-weighted mean over the pipelines' lines of the step, the same
+mean the all-reduce modes log (null while a pipeline's line of the step is missing). ``wave`` (wsp,
+at a wave's end: ``clock``, the ``version`` of the weights pulled, ``waves_ahead`` of the slowest the
+next wave runs, ``own_waves``: the device's own pushed waves that version lacks, added back) and
+``group`` (sdpipe: the pipelines this step averaged with) say how the pipelines met; sdpipe's
+``grad_norm`` is the norm of the rank's pipeline's mean gradient (each pipeline clips its own).
+``emulated_link_s`` (emulation only) is what the rank slept this step to make emulated links as slow
+as the cluster states. ``nonfinite`` is present on a step whose loss (``nan``, ``inf``, ``-inf``;
+``loss`` is then null) or, without loss scaling, gradient (``gradient``) was not finite: every rank
+skipped that step's update.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +41,15 @@ from hetplan.contracts.plan import Plan
 from hetplan.contracts.yamlio import read_text
 from hetplan.errors import HetplanError
 
-__all__ = ["RUNLOG_SCHEMA", "StepRecord", "check_log_matches", "load_run_log", "parse_record"]
+__all__ = [
+    "RUNLOG_SCHEMA",
+    "StepRecord",
+    "check_log_matches",
+    "fill_global_loss",
+    "global_batch_losses",
+    "load_run_log",
+    "parse_record",
+]
 
 RUNLOG_SCHEMA = "hetplan/run-log/v1"
 
@@ -61,11 +78,13 @@ class StepRecord:
     lr: float | None = None  # the learning rate this step used (after warm-up and decay)
     grad_norm: float | None = None  # the whole model's gradient 2-norm before clipping
     clipped: bool | None = None  # runs that clip: whether the norm was above the maximum this step
-    wave: dict[str, int] | None = None  # wsp, at a wave's end: clock, version pulled, waves ahead
+    wave: dict[str, int] | None = None  # wsp, at a wave's end: clock, version pulled, waves ahead, own waves
     group: tuple[int, ...] | None = None  # sdpipe: the pipelines averaged with this step
     emulated_link_s: float | None = None  # emulation: seconds slept to pace emulated links
     transport: str | None = None  # "host-staged": gloo carried a GPU rank's tensors through host memory
     nonfinite: str | None = None  # the loss ("nan", "inf", "-inf") or "gradient" was not finite: not applied
+    pipeline_loss: float | None = None  # wsp, sdpipe: the mean loss of this rank's pipeline's samples
+    pipeline_batch: int | None = None  # wsp, sdpipe: the samples of this rank's pipeline per step
 
     def to_json(self) -> str:
         data: dict[str, Any] = {"schema": RUNLOG_SCHEMA, **asdict(self)}
@@ -84,6 +103,9 @@ def _wave(f: Fields) -> dict[str, int] | None:
     if w is None:
         return None
     out = {k: w.integer(k, minimum=0) for k in ("clock", "version", "waves_ahead")}
+    own = w.integer("own_waves", None, minimum=0)  # the device's pushed waves the pulled version lacks
+    if own is not None:
+        out["own_waves"] = own
     w.done()
     return out
 
@@ -128,6 +150,8 @@ def parse_record(data: Any, *, file: str | None, line: int) -> StepRecord:
         emulated_link_s=f.number("emulated_link_s", None, minimum=0.0),
         transport=f.str("transport", None, choices=("host-staged",)),
         nonfinite=f.str("nonfinite", None, choices=NONFINITE),
+        pipeline_loss=f.number("pipeline_loss", None),
+        pipeline_batch=f.integer("pipeline_batch", None, minimum=1),
     )
     f.done()
     return record
@@ -152,7 +176,56 @@ def load_run_log(path: str | Path) -> list[StepRecord]:
         records.append(parse_record(data, file=name, line=number))
     if not records:
         raise HetplanError("empty run log", file=name)
+    if any(r.pipeline_loss is not None and r.loss is None for r in records):  # ranks' lines, not merged
+        losses = global_batch_losses((r.step, r.pipeline, r.pipeline_loss, r.pipeline_batch) for r in records)
+        records = [replace(r, loss=losses[r.step]) if r.step in losses else r for r in records]
     return records
+
+
+def global_batch_losses(
+    lines: Iterable[tuple[int, int, float | None, int | None]], *, global_batch: int | None = None
+) -> dict[int, float]:
+    """Per step, the global batch's mean loss from the pipelines' own: ``lines`` are each record's
+    ``(step, pipeline, pipeline_loss, pipeline_batch)``; a step's loss is ``sum(b_p * loss_p) /
+    sum(b_p)`` over the pipelines, the sample-weighted mean the all-reduce modes log.
+
+    Why in the log and not in the run: under wsp and sdpipe the pipelines step apart, so no rank
+    knows the other pipelines' losses of its step without waiting for them (which would undo the
+    mode). A step gets a loss only once every pipeline of the log (and, given ``global_batch``, all
+    of its samples) has a finite line for it; the devices of a pipeline log the same
+    ``pipeline_loss`` (all-reduced inside the pipeline), so the first line of a pipeline counts.
+    """
+    per_step: dict[int, dict[int, tuple[float, int]]] = {}
+    pipelines: set[int] = set()
+    for step, pipeline, loss, batch in lines:
+        if loss is None or batch is None:
+            continue
+        pipelines.add(pipeline)
+        per_step.setdefault(step, {}).setdefault(pipeline, (float(loss), int(batch)))
+    out = {}
+    for step, by_pipe in per_step.items():
+        samples = sum(b for _, b in by_pipe.values())
+        if set(by_pipe) != pipelines or (global_batch is not None and samples != global_batch):
+            continue  # a pipeline has not logged this step (yet): no global loss
+        loss = math.fsum(b * value for value, b in by_pipe.values()) / samples
+        if math.isfinite(loss):
+            out[step] = loss
+    return out
+
+
+def fill_global_loss(records: list[Mapping[str, Any]], *, global_batch: int | None = None) -> list[dict[str, Any]]:
+    """The run-log lines (dicts) with ``loss`` set from the pipelines' ``pipeline_loss`` where the
+    ranks logged those (wsp, sdpipe; :func:`global_batch_losses`); other lines are returned as they are."""
+    if not any(r.get("pipeline_loss") is not None for r in records):
+        return [dict(r) for r in records]
+    losses = global_batch_losses(
+        ((r["step"], r["pipeline"], r.get("pipeline_loss"), r.get("pipeline_batch")) for r in records),
+        global_batch=global_batch,
+    )
+    return [
+        {**r, "loss": losses[r["step"]]} if r.get("pipeline_loss") is not None and r["step"] in losses else dict(r)
+        for r in records
+    ]
 
 
 def check_log_matches(records: list[StepRecord], plan: Plan, *, log_file: str | None = None) -> None:

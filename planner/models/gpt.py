@@ -1,4 +1,4 @@
-"""GPT (decoder-only, pre-LN, GPT-2 layout, untied LM head) as torch blocks.
+"""GPT (decoder-only, pre-LN, GPT-2 layout, LM head untied or, with ``head: tied``, tied) as torch blocks.
 
     zoo = GptModel({"layers": 2, "hidden": 64, "heads": 4, "seq": 16, "vocab": 97})
     zoo.block_names()            # ['embedding', 'layer0.attn', 'layer0.mlp', ..., 'head']
@@ -187,6 +187,12 @@ class GptModel(ZooModel):
 
     def block_kinds(self) -> list[str]:
         return ["embedding"] + ["attention", "mlp"] * self.config["layers"] + ["head"]
+
+    def tied_parameters(self) -> list[tuple[tuple[int, str], ...]]:
+        """With ``head: tied`` (GPT-2's), the LM head's weight is the token table."""
+        if self.config.get("head") != "tied":
+            return []
+        return [((0, "tokens.weight"), (self.n_blocks - 1, "lm.weight"))]
 
     def _new_block(self, index: int) -> nn.Module:
         c = self.config

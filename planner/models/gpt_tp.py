@@ -21,13 +21,23 @@ member therefore holds the whole block input and output, and the gradients reach
 parameters (LayerNorm, bias) are the same on every member: ``f``'s all-reduce makes the gradient
 entering the LayerNorm whole before it is used.
 
-Blocks without a tensor-parallel form (embedding, head, other families) are returned as they are:
-replicated inside the group, computed whole by every member (Megatron's vocabulary-parallel
-embedding and head are not implemented).
+Vocabulary parallelism (Megatron's ``VocabParallelEmbedding`` and ``vocab_parallel_cross_entropy``;
+Shoeybi et al. 2019, section 3), where the group says so (``TpGroup.vocab``, from the plan's stage
+key ``vocab_parallel``, on by default at degree > 1): member ``r`` keeps rows ``[r·n, (r+1)·n)`` of
+the token table, ``n = ceil(V/t)`` (the table padded with zero rows to ``n·t``; a padded row is never
+looked up, its logit is ``-inf`` in the loss, so its gradient stays zero and the model trained is
+the one-process model; checkpoints hold the ``V`` real rows, :class:`VocabShardSpec`). The embedding
+looks up only its own ids (the others give zero rows) and all-reduces the sum (``g``); the position
+table stays whole. The head keeps the same rows of its output projection (``f`` on its input),
+returns its ``[.., n]`` slice of the logits, and :meth:`VocabParallelHead.loss` is the cross-entropy
+over the group: all-reduces of the row maximum, then of the target logit and the sum of exponentials,
+so no member ever holds ``[s, V]`` logits. Without ``vocab`` the embedding and head (and the blocks
+of other families) are returned as they are: replicated, computed whole by every member.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -37,17 +47,22 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from hetplan.errors import HetplanError
-from hetplan.models.gpt import Attention, Mlp, attention_core
+from hetplan.models.gpt import Attention, Embedding, Head, Mlp, attention_core
 
 __all__ = [
     "ShardSpec",
     "TpAttention",
     "TpGroup",
     "TpMlp",
+    "VocabParallelEmbedding",
+    "VocabParallelHead",
+    "VocabShardSpec",
     "copy_to_group",
+    "loss_of",
     "reduce_from_group",
     "shard_block",
     "shard_specs",
+    "vocab_parallel_cross_entropy",
 ]
 
 
@@ -66,6 +81,8 @@ class TpGroup:
     order: tuple[int, ...] = ()
     #: False: the collectives are left out (each member's compute alone, as the profiler times it)
     communicate: bool = True
+    #: True: the zoo GPT's embedding and head are cut by vocabulary rows (else replicated)
+    vocab: bool = False
 
     def gather(self, local: torch.Tensor) -> list[torch.Tensor]:
         """Every member's ``local`` (same shape), in shard order (a collective of the group)."""
@@ -119,6 +136,28 @@ class ShardSpec:
         shape = list(local)
         shape[self.dim] *= t
         return tuple(shape)
+
+
+@dataclass(frozen=True)
+class VocabShardSpec(ShardSpec):
+    """Rows of a ``vocab``-row table cut ``t`` ways when ``t`` need not divide ``vocab``: the table is
+    padded with zero rows to ``n·t`` (``n = ceil(vocab / t)``), member ``r`` keeping rows ``[r·n,
+    (r+1)·n)``; joined, the padding is dropped, so a checkpoint holds the ``vocab`` real rows."""
+
+    vocab: int = 0
+
+    def cut(self, full: torch.Tensor, t: int, r: int) -> torch.Tensor:
+        n = -(-self.vocab // t)
+        local = full.new_zeros((n, *full.shape[1:]))
+        lo, hi = min(self.vocab, r * n), min(self.vocab, (r + 1) * n)
+        local[: hi - lo] = full[lo:hi]
+        return local
+
+    def join(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(parts, dim=0)[: self.vocab]
+
+    def full_shape(self, local: tuple[int, ...], t: int) -> tuple[int, ...]:
+        return (self.vocab, *local[1:])
 
 
 # -- the conjugate operators f and g ---------------------------------------------------------------
@@ -240,8 +279,120 @@ class TpMlp(nn.Module):
         return x + (reduce_from_group(F.linear(y, self.down.weight), self.group) + self.down.bias)
 
 
+# -- vocabulary parallelism -------------------------------------------------------------------------
+
+
+def _vocab_rows(vocab: int, group: TpGroup) -> tuple[int, int, int]:
+    """``(n, lo, valid)``: rows per member, the member's first row, how many of its rows are real."""
+    n = -(-vocab // group.size)
+    lo = group.rank * n
+    return n, lo, max(0, min(vocab, lo + n) - lo)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Member ``group.rank`` of the zoo GPT's :class:`~hetplan.models.gpt.Embedding`: its rows of the
+    token table; the position table whole (replicated, as Megatron keeps it)."""
+
+    def __init__(self, full: Embedding, group: TpGroup) -> None:
+        super().__init__()
+        vocab, h = full.tokens.weight.shape
+        self.group = group
+        self.tp_specs = {"tokens.weight": VocabShardSpec(0, vocab=vocab)}
+        self.rows, self.lo, _ = _vocab_rows(vocab, group)
+        self.tokens = nn.Embedding(self.rows, h, device="meta").to_empty(device=full.tokens.weight.device)
+        with torch.no_grad():
+            self.tokens.weight.copy_(self.tp_specs["tokens.weight"].cut(full.tokens.weight, group.size, group.rank))
+        self.positions = full.positions
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.lo
+        outside = (local < 0) | (local >= self.rows)
+        y = F.embedding(local.masked_fill(outside, 0), self.tokens.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        return reduce_from_group(y, self.group) + self.positions(positions)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Per-row cross-entropy of logits split by columns over the group (Megatron's
+    ``_VocabParallelCrossEntropy``): keeps only this member's softmax slice for backward."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, group: TpGroup, lo: int, valid: int):
+        n = logits.shape[-1]
+        # the row maximum over real columns (-inf on a member holding padding only)
+        top = logits[:, :valid].max(dim=-1).values if valid else logits.new_full(logits.shape[:-1], float("-inf"))
+        if group.communicate:
+            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group.pg)
+        softmax = logits - top.unsqueeze(-1)
+        if valid < n:
+            softmax[:, valid:] = float("-inf")
+        local = targets - lo
+        inside = (local >= 0) & (local < valid)
+        index = local.masked_fill(~inside, 0)
+        picked = softmax.gather(-1, index.unsqueeze(-1)).squeeze(-1).masked_fill(~inside, 0.0)
+        softmax.exp_()
+        sums = torch.stack([picked, softmax.sum(dim=-1)])  # one all-reduce for both
+        if group.communicate:
+            dist.all_reduce(sums, group=group.pg)
+        softmax.div_(sums[1].unsqueeze(-1))
+        ctx.save_for_backward(softmax, index, inside)
+        return sums[1].log() - sums[0]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        softmax, index, inside = ctx.saved_tensors
+        out = softmax  # used once: the gradient is written over it, as Megatron does
+        rows = torch.arange(out.shape[0], device=out.device)
+        out[rows, index] -= inside.to(out.dtype)
+        out.mul_(grad.unsqueeze(-1))
+        return out, None, None, None, None
+
+
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, group: TpGroup, *, lo: int, valid: int
+) -> torch.Tensor:
+    """Per-row loss of ``logits [N, n]``, this member's columns ``[lo, lo + n)`` of the vocabulary
+    (the first ``valid`` real, the rest padding), against ``targets [N]`` (full vocabulary ids)."""
+    return _VocabParallelCrossEntropy.apply(logits, targets, group, lo, valid)
+
+
+class VocabParallelHead(nn.Module):
+    """Member ``group.rank`` of the zoo GPT's :class:`~hetplan.models.gpt.Head`: the final LayerNorm
+    whole, its rows of the LM head; returns its slice of the logits, ``[B, t, n]``, which only
+    :meth:`loss` reads."""
+
+    def __init__(self, full: Head, group: TpGroup) -> None:
+        super().__init__()
+        vocab, h = full.lm.weight.shape
+        self.group = group
+        self.vocab = vocab
+        self.tp_specs = {"lm.weight": VocabShardSpec(0, vocab=vocab)}
+        rows, self.lo, self.valid = _vocab_rows(vocab, group)
+        self.norm = full.norm
+        self.lm = nn.Linear(h, rows, bias=False, device="meta").to_empty(device=full.lm.weight.device)
+        with torch.no_grad():
+            self.lm.weight.copy_(self.tp_specs["lm.weight"].cut(full.lm.weight, group.size, group.rank))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm(copy_to_group(self.norm(x), self.group))
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The zoo GPT's loss (:meth:`hetplan.models.gpt.GptModel.loss`: cross-entropy in fp32, mean
+        over a sample's tokens, summed over samples) from this member's logits, over the group."""
+        rows = output.float().reshape(-1, output.shape[-1])
+        per_token = vocab_parallel_cross_entropy(rows, targets.reshape(-1), self.group, lo=self.lo, valid=self.valid)
+        return per_token.reshape(targets.shape[0], -1).mean(dim=1).sum()
+
+
+def loss_of(zoo_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], last: nn.Module):
+    """The loss a last stage computes from its output: a vocabulary-parallel head's own (it needs its
+    group), else the model's ``zoo_loss``."""
+    return last.loss if isinstance(last, VocabParallelHead) else zoo_loss
+
+
 def shard_block(block: nn.Module, group: TpGroup) -> nn.Module:
-    """``block``'s member for ``group``: a :class:`TpAttention` or :class:`TpMlp`, or the block
+    """``block``'s member for ``group``: a :class:`TpAttention` or :class:`TpMlp`, with
+    ``group.vocab`` a :class:`VocabParallelEmbedding` or :class:`VocabParallelHead`, or the block
     itself (replicated) where it has no tensor-parallel form. Keeps training mode."""
     if group.size == 1:
         return block
@@ -249,6 +400,10 @@ def shard_block(block: nn.Module, group: TpGroup) -> nn.Module:
         return TpAttention(block, group).train(block.training)
     if isinstance(block, Mlp):
         return TpMlp(block, group).train(block.training)
+    if group.vocab and isinstance(block, Embedding):
+        return VocabParallelEmbedding(block, group).train(block.training)
+    if group.vocab and isinstance(block, Head):
+        return VocabParallelHead(block, group).train(block.training)
     return block
 
 

@@ -50,7 +50,7 @@ from hetplan.contracts.catalog import DTYPES, Catalog, DeviceType, load_catalog
 from hetplan.contracts.model_profile import Block, ModelProfile, TensorParallel, Timing
 from hetplan.errors import HetplanError
 from hetplan.models import ZooModel, resolve_model
-from hetplan.models.gpt_tp import TpGroup
+from hetplan.models.gpt_tp import TpGroup, VocabParallelEmbedding, VocabParallelHead
 from hetplan.models.plan_tp import shard_model_block
 from hetplan.profile.carry import carry_times
 
@@ -322,6 +322,33 @@ def _stats(
 
 def _loss_on(zoo: ZooModel, targets: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
     return zoo.loss(output, targets)
+
+
+def _head_loss_on(head: VocabParallelHead, targets: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    return head.loss(output, targets)
+
+
+def _shard_loss(shard: nn.Module, finish: functools.partial) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The last block's loss at degree t: a vocabulary-parallel head's own (its slice of the
+    logits), else the model's (``finish``, a :func:`_loss_on` partial holding the targets)."""
+    if isinstance(shard, VocabParallelHead):
+        return functools.partial(_head_loss_on, shard, finish.args[1])
+    return finish
+
+
+def _tp_allreduce_bytes(
+    shard: nn.Module, out_bytes: float, x: torch.Tensor, finish: functools.partial | None, m: int
+) -> float:
+    """Bytes one member all-reduces per sample and pass (the contract's ``allreduce_bytes``, which
+    the cost model counts in forward and in backward): a Megatron block its output; a
+    vocabulary-parallel embedding its output in forward only; a vocabulary-parallel head its input
+    gradient in backward and three fp32 numbers per token in forward."""
+    if isinstance(shard, VocabParallelEmbedding):
+        return out_bytes / 2.0
+    if isinstance(shard, VocabParallelHead):
+        tokens = finish.args[1].numel() / m if finish is not None else 0.0
+        return (x.numel() * x.element_size() / m + 3 * 4 * tokens) / 2.0
+    return out_bytes
 
 
 class _Where:
@@ -715,15 +742,20 @@ def _measure_degree(
     A block with a tensor-parallel form (:func:`hetplan.models.gpt_tp.shard_block`) is cut as the
     runtime cuts it and member 0's shard (every member's has the same shapes) is run alone, its
     all-reduces left out: the contract's times are compute only, per device, and the all-reduce is
-    priced on the group's link by the cost model from ``allreduce_bytes`` (the block's output, once
-    in forward and once in backward). Timing the shard alone, not ``t`` ranks at once, also keeps ``t``
-    processes sharing this machine's cores from timing each other. A block without one (embedding,
-    head, other families) is replicated in the group: its degree-1 figures, no all-reduce (times
-    ``{}``, which the caller fills with the degree-1 times).
+    priced on the group's link by the cost model from ``allreduce_bytes`` (per pass: the block's
+    output, once in forward and once in backward). The zoo GPT's embedding and head are cut by
+    vocabulary rows, as the runtime cuts them by default (:class:`~hetplan.models.gpt_tp.VocabParallelHead`
+    computes its own slice of the loss): the embedding all-reduces its output in forward only, the
+    head its input gradient in backward and three fp32 numbers per token (row maximum, target logit,
+    sum of exponentials) in forward, each averaged over the two passes as the analytic profile
+    prices them. Timing the shard alone, not ``t`` ranks at once, also keeps ``t`` processes sharing
+    this machine's cores from timing each other. A block without a tensor-parallel form (other
+    families' blocks) is replicated in the group: its degree-1 figures, no all-reduce (times ``{}``,
+    which the caller fills with the degree-1 times).
     """
     n = len(blocks)
     out: list[dict[str, Any]] = []
-    group = TpGroup(None, t, 0, communicate=False)
+    group = TpGroup(None, t, 0, communicate=False, vocab=True)
     mixed = torch_dtype in (torch.float16, torch.bfloat16)
     clock = _Clock(dev)
     for i, block in enumerate(blocks):
@@ -748,17 +780,17 @@ def _measure_degree(
             continue
         shard = shard.to(device=dev, dtype=torch_dtype)
         run: nn.Module = _CarryDtype(shard, torch_dtype) if mixed else shard
-        finish = finishes[sizes[-1]] if i == n - 1 else None
+        ends = {s: _shard_loss(shard, finishes[s]) for s in sizes} if i == n - 1 else dict.fromkeys(sizes)
         m = sizes[-1]
-        _, kept, out_bytes = _stats(run, inputs[m][i], finish, m)
+        _, kept, out_bytes = _stats(run, inputs[m][i], ends[m], m)
         fwd: dict[int, list[float]] = {s: [] for s in sizes}
         bwd: dict[int, list[float]] = {s: [] for s in sizes}
         for s in sizes:
             for _ in range(max(warmup, 1)):
-                _run_once(run, inputs[s][i], finishes[s] if i == n - 1 else None, clock)
+                _run_once(run, inputs[s][i], ends[s], clock)
         for _ in range(repeat):
             for s in sizes:
-                f, b, _ = _run_once(run, inputs[s][i], finishes[s] if i == n - 1 else None, clock)
+                f, b, _ = _run_once(run, inputs[s][i], ends[s], clock)
                 fwd[s].append(f)
                 bwd[s].append(b)
         out.append(
@@ -766,7 +798,7 @@ def _measure_degree(
                 "params": sum(p.numel() for p in shard.parameters()),
                 "param_bytes": float(sum(p.numel() * p.element_size() for p in shard.parameters())),
                 "activation_bytes": kept,
-                "allreduce_bytes": out_bytes,
+                "allreduce_bytes": _tp_allreduce_bytes(shard, out_bytes, inputs[m][i], finishes[m], m),
                 "times": {type_name: {s: _timing(fwd[s], bwd[s]) for s in sizes}},
                 "selective_bytes": _selective_bytes(run, inputs[m][i], m),
             }

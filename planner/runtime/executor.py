@@ -57,7 +57,8 @@ from hetplan.contracts.emulation import SlowdownSchedule
 from hetplan.contracts.rank_config import RankConfig
 from hetplan.errors import HetplanError
 from hetplan.models import resolve_model
-from hetplan.models.gpt_tp import shard_specs
+from hetplan.models.base import share_tied
+from hetplan.models.gpt_tp import loss_of, shard_specs
 from hetplan.models.plan_tp import shard_model_block
 from hetplan.runtime.comm import RankFailureError, failure_text, tag_of, wait
 from hetplan.runtime.data import micro_offsets, open_samples, pipeline_offsets
@@ -209,6 +210,8 @@ class RankExecutor:
             (shard_model_block(self.zoo, self.program.start + i, b, self.tp) if self.tp else b).to(device)
             for i, b in enumerate(full)
         ]  # the zoo GPT's Megatron blocks, or the layers a user / HF model's TP plan names
+        if self.tp:  # a tied table cut in two local blocks (the GPT's tied head): one Parameter again
+            share_tied(self.zoo.tied_parameters(), dict(enumerate(self.block_list, self.program.start)))
         Precision.cast_model(self.block_list, config.dtype)
         stage = config.plan.pipelines[self.program.pipeline].stages[self.program.stage]
         self.recompute = stage.recompute
@@ -398,7 +401,10 @@ class RankExecutor:
         buffers = [t for b in self.block_list for t in b.buffers()]
         zero = [t for z in self.zero.values() for t in z.state_tensors()]
         zero_weights = [p for z in self.zero.values() for p in z.params]
-        return [*self.precision.state_tensors(), *zero_weights, *zero, *buffers]
+        # what a sync mode keeps from step to step: top-k's residuals, a WSP wave's sum and own updates
+        kept = [*getattr(self.group_sync, "state_tensors", list)()]
+        kept += self.wave_sync.state_tensors() if self.wave_sync is not None else []
+        return [*self.precision.state_tensors(), *zero_weights, *zero, *buffers, *kept]
 
     # -- gradient hooks: mixed-precision accumulation and bucketed, asynchronous all-reduces ------------
     def _on_grad(self, p: torch.nn.Parameter) -> None:
@@ -468,7 +474,7 @@ class RankExecutor:
         work.what = where(f"AR{gid}")
         flat = self.group_sync.complete(work)  # the combined gradient (the sum, for an all-reduce)
         if self._unscale_sent:  # back to the loss scale every other gradient of the rank carries
-            flat = flat * self.precision.scaler.scale
+            flat = flat.mul_(self.precision.scaler.scale)  # the group's own buffer: no second copy
         if self.pacer.enabled:  # an emulated slow link: the collective lasts what its bytes need
             devices = self._group_devices[gid]
             kind, nbytes = self.group_sync.wire(flat, len(devices))
@@ -581,7 +587,9 @@ class RankExecutor:
                         y = run_blocks(self.run_list, x, self.compute_dtype)
                         y_out[micro] = y
                         if self.last:
-                            losses[micro] = self.zoo.loss(y.float(), target) / cfg.global_batch
+                            # a vocabulary-parallel head's loss is over its group (models/gpt_tp.py)
+                            loss_fn = loss_of(self.zoo.loss, self.block_list[-1])
+                            losses[micro] = loss_fn(y.float(), target) / cfg.global_batch
 
                 self._compute(forward, stats)
             elif kind is Kind.BACKWARD:
@@ -684,8 +692,12 @@ class RankExecutor:
         # the gradients are weighted by samples / global batch: x B / b is the pipeline's mean gradient
         to_mean = cfg.global_batch / pipe.batch
         norm = math.sqrt(float(total[2])) * to_mean / scale
+        # the pipeline's own loss: the merged run log weighs every pipeline's by its samples into the
+        # global batch's (contracts.runlog.global_batch_losses), as no rank here waits for the others
+        mine = {"pipeline_loss": stats.loss_sum, "pipeline_batch": pipe.batch}
         if self.wave_sync is not None:
             self._wave_step(step, stats, overflow=overflow, scale=scale)
+            stats.log.update(mine)
             return
         assert self.group_average is not None
         coef = (clip_coefficient(norm, cfg.clip_grad_norm) if overflow == 0 else 1.0) * to_mean
@@ -699,6 +711,7 @@ class RankExecutor:
             "lr": lr,
             "grad_norm": norm if math.isfinite(norm) else None,
             "group": list(self.group_average.log[-1]),
+            **mine,
         }
 
     def _wave_step(self, step: int, stats: StepStats, *, overflow: int, scale: float) -> None:
@@ -711,19 +724,20 @@ class RankExecutor:
         precision = self.precision
         flat = None
         if overflow == 0:
-            grads = [precision.grad_of(p) for p in self.params]
             flat = torch.cat([(g if g is not None else torch.zeros_like(p)).float().reshape(-1)
-                              for g, p in zip(grads, self.params, strict=True)])  # fmt: skip
+                              for g, p in ((precision.grad_of(p), p) for p in self.params)])  # fmt: skip
             if precision.scaler.enabled:
                 flat.mul_(1.0 / scale)  # unscaled before it leaves the device (a power of two: exact)
+        precision.zero_grad()  # the gradient is in ``flat`` now: fp32 ones are freed before the exchange
         samples = sum(self.program.counts)  # this device's samples per step
         exchanging = time.perf_counter()
-        out = self.wave_sync.after_step(
+        out = self.wave_sync.after_step(  # both flat buffers handed over: updated and kept in place
             step,
             self._flat_weights(),
             flat,
             lr=self.lr_schedule.lr_at(step),
             to_mean=cfg.global_batch / max(1, samples),
+            donate=True,
         )
         if out.pulled:
             # an emulated slow path to the server: the wave's push and pull last what the
@@ -731,7 +745,6 @@ class RankExecutor:
             floor = self.pacer.central_exchange_floor(list(self.rank_of), self.wave_sync.client.total_bytes)
             self.pacer.pad(exchanging, floor)
         self._load_flat(out.weights)
-        precision.zero_grad()
         precision.scaler.update(finite=overflow == 0)  # this pipeline's overflow: the same on its devices
         for _ in range(out.backoff):  # clocks the server skipped for other workers' overflows
             precision.scaler.update(finite=False)

@@ -26,7 +26,9 @@ test suite sets) one fork server imports torch and the runtime once and forks th
   and the launcher kills every worker's process group, then the agent's (SIGTERM first: the agent
   then ends any worker that had not written its pid yet).
 * **one run log.** Each rank appends to ``RUN/rank-R.jsonl``; they are merged, sorted by step and
-  rank, into ``log`` (also when the run fails or is stopped: the steps so far); progress is rank 0's
+  rank, into ``log`` (also when the run fails or is stopped: the steps so far), where under wsp and
+  sdpipe each step's ``loss`` becomes the global batch's, from the pipelines' own
+  (:func:`hetplan.contracts.runlog.fill_global_loss`); progress is rank 0's
   count of finished steps, and ``on_step`` gets each step once every rank has logged it
   (:mod:`hetplan.runtime.processes.watch`: loss, step time, samples/s).
 * **signals.** SIGTERM, SIGINT or SIGHUP to the launching process stops every rank (as above),
@@ -55,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hetplan.contracts.rank_config import RankConfig, load_rank_config
+from hetplan.contracts.runlog import fill_global_loss
 from hetplan.errors import HetplanError
 from hetplan.runtime.processes.interrupt import STOP_SIGNALS, InterruptedRunError, StopSignals
 from hetplan.runtime.processes.watch import StepLine, StepWatcher
@@ -338,6 +341,8 @@ class LocalRun:
             if path.is_file():
                 records += [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
         records.sort(key=lambda r: (r["step"], r["rank"]))
+        # wsp, sdpipe: each rank logged its pipeline's loss; every line gets the global batch's
+        records = fill_global_loss(records, global_batch=self.watcher.global_batch)
         target = Path(log) if log else None
         if target:
             target.parent.mkdir(parents=True, exist_ok=True)

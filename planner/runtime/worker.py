@@ -300,6 +300,8 @@ def run(args: argparse.Namespace, where: _Where) -> None:
                 record["loss_scale"] = stats.extra["loss_scale"]
                 record["skipped_step"] = stats.skipped
             record.update(getattr(stats, "log", None) or {})  # the executor's optional keys (lr, ...)
+            if record.get("pipeline_loss") is not None:  # wsp, sdpipe: this pipeline's loss only; the
+                record["loss"] = None  # merged log sets the global batch's (contracts.runlog.fill_global_loss)
             if executor.slowdown > 1.0:
                 record["emulated_slowdown"] = executor.slowdown
             if choice.staged:  # gloo carried this rank's device tensors through host memory

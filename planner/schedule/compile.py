@@ -284,8 +284,19 @@ def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
                         d_out[j].append((src, 0, m))
                         s_in[j].append((dst, 0, m))
                 continue
+            # micro-batches split alike (most are one size) exchange alike: each split pattern once
+            patterns: dict[tuple, list[Transfer]] = {}
             for j in range(len(p.micro_batches)):
-                for t in _reshard(pi, si, j, senders, receivers):
+                split = (
+                    tuple((x.offsets[j], x.counts[j]) for x in senders),
+                    tuple((x.offsets[j], x.counts[j]) for x in receivers),
+                )
+                pattern = patterns.get(split)
+                if pattern is None:
+                    pattern = patterns[split] = _reshard(pi, si, j, senders, receivers)
+                for t in pattern:
+                    if t.micro != j:
+                        t = new(Transfer, (pi, si, j, t.src, t.dst, t.lo, t.hi, t.grad))
                     transfers.append(t)
                     (grad_out if t.grad else act_out)[t.src][j].append((t.dst, t.lo, t.hi))
                     (grad_in if t.grad else act_in)[t.dst][j].append((t.src, t.lo, t.hi))

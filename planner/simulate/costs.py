@@ -124,13 +124,12 @@ class CostModel:
         self._block = lru_cache(maxsize=None)(self._block_times)
 
     def _block_times(
-        self, type_name: str, samples: int, tp: int = 1, recompute: str = "none", node: str | None = None
+        self, type_name: str, samples: int, tp: int = 1, recompute: str = "none", link: Link | None = None
     ) -> tuple[tuple[float, ...], tuple[float, ...]]:
         device_type = self.cluster.catalog.get(type_name)
         if tp == 1 and recompute == "none":
             pairs = [self.profile.block_time(i, device_type, samples) for i in range(len(self.profile.blocks))]
             return tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
-        link = self.cluster.node(node).link if node is not None else None
         return block_costs(
             self.profile,
             device_type,
@@ -146,8 +145,10 @@ class CostModel:
     ) -> tuple[float, ...]:
         """Per-block seconds on ``device`` for ``samples`` samples (forward or backward); at ``tp``
         >= 2 with the blocks' all-reduces on the device's node, and what ``recompute`` adds."""
-        node = device.node if tp > 1 else None
-        fwd, bwd = self._block(device.type.name, samples, tp, recompute, node)
+        # keyed by the node's link, not the node: the times depend on nothing else of it, and a
+        # 512-device plan's TP groups sit on dozens of nodes with one kind of link
+        link = self.cluster.node(device.node).link if tp > 1 else None
+        fwd, bwd = self._block(device.type.name, samples, tp, recompute, link)
         return bwd if backward else fwd
 
     def compute(

@@ -26,6 +26,10 @@ What the runtime (:mod:`hetplan.runtime.executor`) holds, and so what is counted
   backward, so a GPipe stage's peak at the end of its forwards has none.
 * **after the last backward**: the flat all-reduce buckets of the gradient groups the device shares
   with others (fp32 for mixed precision, the gradient dtype otherwise), held until the step.
+* **the sync mode's buffers** (:func:`sync_buffers`, per device's :class:`SyncRole`): what it keeps
+  from step to step (top-k's residual, a WSP wave's sum and own waves), what it adds beside the
+  buckets (top-k's selection, Adasum's receive buffer) and at the step (Adasum's old weights and
+  delta, WSP's and SDPipe's flat copies); under ``wsp`` the optimizer state is on the server.
 
 The walk follows the schedule as it actually runs: 1F1B stage ``s`` of ``S`` holds at most
 ``min(S - s, M)`` micro-batches, GPipe all ``M``. The device type's reserve (CUDA context,
@@ -39,7 +43,8 @@ walk and the search's tables share, so the two agree by construction):
 * a member of a degree-``t`` group holds each block's degree-``t`` shard: its parameters (weights,
   gradients, master copy and optimizer state follow them) and activations per the profile
   (Korthikanti et al. 2022: s·h·(10 + 24/t + 5·a·s/(h·t)) per layer at 2 bytes, no sequence
-  parallelism); boundary tensors stay whole (every member holds the whole stage output);
+  parallelism); boundary tensors stay whole (every member holds the whole stage output), except the
+  logits of a vocabulary-parallel head, 1/t of them (:func:`held_output_bytes`);
 * ``recompute: selective`` keeps each block's activations less its ``selective_bytes`` (the
   attention internals), and restores them for one block during its backward; ``full`` keeps only
   each block's input (one per block per in-flight micro-batch: per-block checkpointing, as
@@ -52,7 +57,7 @@ walk and the search's tables share, so the two agree by construction):
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hetplan.contracts.catalog import DeviceType
 from hetplan.contracts.model_profile import ModelProfile
@@ -61,6 +66,8 @@ from hetplan.schedule.actions import Kind
 from hetplan.schedule.compile import CompiledPlan, DeviceProgram
 
 __all__ = [
+    "ADASUM_DOT_CHUNK",
+    "AVERAGE_CHUNK",
     "FP32_BYTES",
     "MIXED_PRECISION",
     "NCCL_BUFFSIZE",
@@ -68,13 +75,17 @@ __all__ = [
     "OPTIMIZER_STATE_BYTES",
     "MemoryUse",
     "StageTerms",
+    "SyncBuffers",
+    "SyncRole",
     "comm_buffer_bytes",
     "communicators_of",
     "device_memory",
+    "held_output_bytes",
     "plan_memory",
     "stage_terms",
     "static_bytes_per_param",
     "sync_buffers",
+    "sync_roles",
     "zero_checkpoint_bytes",
 ]
 
@@ -173,10 +184,22 @@ class StageTerms:
     grad_out: float  # per sample: the gradient sent back for the input (0 on the first stage)
 
 
+def held_output_bytes(profile: ModelProfile, end: int, tp: int = 1) -> float:
+    """Per sample, the output a member of a degree-``tp`` stage ending at block ``end`` holds until
+    its backward: the block's output, except a sharded LM head (kind ``head`` at a degree whose shard
+    holds fewer parameters than the block, the GPT's vocabulary-parallel head): its slice of the
+    logits, 1/t of them (Megatron's vocabulary-parallel cross-entropy never gathers them)."""
+    block = profile.blocks[end - 1]
+    last = end == len(profile.blocks)
+    if tp > 1 and last and block.kind == "head" and profile.shard(end - 1, tp).params < block.params:
+        return block.output_bytes / tp
+    return block.output_bytes
+
+
 def stage_terms(profile: ModelProfile, start: int, end: int, *, tp: int = 1, recompute: str = "none") -> StageTerms:
     """What a member of a degree-``tp`` group holding blocks ``[start, end)`` keeps, per sample."""
     shards = [profile.shard(b, tp) for b in range(start, end)]
-    out_bytes = profile.blocks[end - 1].output_bytes
+    out_bytes = held_output_bytes(profile, end, tp)
     if recompute == "full":  # each block's input, one per block (per-block checkpoints)
         inputs = [profile.blocks[b - 1].output_bytes if b > 0 else profile.input_bytes for b in range(start, end)]
         saved = sum(inputs)
@@ -198,22 +221,134 @@ def stage_terms(profile: ModelProfile, start: int, end: int, *, tp: int = 1, rec
     )
 
 
-def sync_buffers(sync: str, buckets: float) -> tuple[float, float]:
-    """(kept from step to step, extra while the gradients are exchanged) of a device whose shared
-    gradient groups flatten to ``buckets`` bytes (fp32 elements: ``G = buckets / 4``), by sync mode,
-    as the runtime allocates them (:mod:`hetplan.runtime.sync.group_sync`, :mod:`hetplan.runtime.sync.topk`):
+#: Elements per chunk of Adasum's float64 dot products and of SDPipe's float64 group average: their
+#: workspace is a chunk's, not a tensor's (``hetplan.runtime.sync.adasum.DOT_CHUNK``,
+#: ``hetplan.runtime.sync.wave_sync.AVERAGE_CHUNK``; tests/simulate/test_sync_memory.py checks they agree).
+ADASUM_DOT_CHUNK = 1 << 16
+AVERAGE_CHUNK = 1 << 16
+#: The sync modes whose pipelines step their own optimizer on parameter changes under Adasum.
+ADAPTIVE_OPTIMIZERS = ("momentum", "adam", "adamw")
 
-    * ``topk``: the error-feedback residual, 4·G, kept; while a group is compressed, the previous
-      residual is still held (until the step commits) beside gradient + residual (4·G, the new
-      residual), the sort key (4·G), its sorted values and int64 indices (12·G) and the finite mask
-      (G): 25·G beyond the bucket. The gathered (index, value) pairs, n·k·12 bytes, are left out
-      (0.24 B per element at 1% over 2 ranks).
-    * other modes: priced as the all-reduce (their buffers are not modelled yet: docs/cost-model.md).
+
+@dataclass(frozen=True)
+class SyncRole:
+    """What the walk needs of a plan's sync mode for one device (:func:`sync_roles` makes them).
+
+    ``receives``: Adasum, the device combines a partner's vector into its own (a left node of the
+    pipelines' tree); ``gathers``: a replicated stage's leader, which sums its replicas' vectors
+    (gradients, into the same receive buffer under SGD; first, inside its pipeline, on parameter
+    changes)."""
+
+    mode: str = "allreduce"
+    optimizer: str = "sgd"
+    wave: int = 1  # wsp
+    staleness: int = 0  # wsp
+    group: int = 1  # sdpipe: the pipelines a group averages (its group size, at most the pipelines)
+    receives: bool = False
+    gathers: bool = False
+
+
+@dataclass(frozen=True)
+class SyncBuffers:
+    """A sync mode's buffers on one device, in bytes (:func:`sync_buffers`)."""
+
+    kept: float = 0.0  # from step to step (``MemoryUse.sync_state``)
+    exchange: float = 0.0  # beside the buckets after the last backward, the gradients still there
+    opt_with_grads: float = 0.0  # at OPT, beyond ``kept``, while fp32 gradients are still there
+    opt: float = 0.0  # at OPT, beyond ``kept``, once fp32 gradients are freed (fp16/bf16 keep theirs)
+
+
+def sync_buffers(role: SyncRole | str, buckets: float, *, params: float = 0.0) -> SyncBuffers:
+    """The buffers of ``role``'s sync mode on a device whose shared gradient groups flatten to
+    ``buckets`` bytes (fp32 elements: ``G = buckets / 4``) and which holds ``params`` parameters
+    (``P = 4 params``, its weights as one flat fp32 vector), as the runtime allocates them
+    (:mod:`hetplan.runtime.sync`; docs/cost-model.md 8a gives each term's source):
+
+    * ``allreduce``: none beyond the buckets.
+    * ``topk``: the error-feedback residual, 4·G, kept (the previous one, held until the step
+      commits, while a group is compressed); beside it and the bucket while a group is compressed
+      (``TopK.compress``): gradient + residual (4·G, the new residual), the finite mask (G), the sort
+      key (4·G) and the stable sort's values, int64 indices and int64 workspace (20·G, measured:
+      ``torch.sort(stable=True)`` on CPU peaks at 5x its input): 29·G. The gathered (index, value)
+      pairs, n·k·12 bytes, are left out (0.24 B per element at 1% over 2 ranks).
+    * ``adasum`` on gradients (SGD): a receiving device's one receive buffer (``buckets``) and the
+      float64 dot products' chunk (12 bytes an element of :data:`ADASUM_DOT_CHUNK`:
+      ``adasum._dots``). On parameter changes (momentum, Adam, AdamW): a replicated stage's leader
+      receives its replicas' gradients (``buckets``, ``AdasumTree.pipeline_sum``); at ``OPT`` the
+      old weights are copied before the local step (``buckets``, ``AdasumDeltas.before``), and
+      after it the delta (``buckets``) and, on a receiving device, the receive buffer and the
+      dot chunk (``AdasumDeltas.after``).
+    * ``wsp``: the flat gradient and flat weights handed to ``WaveSync.after_step`` (2·P); kept
+      from step to step: the wave's sum (``wave > 1``), its local update (``wave > 1``,
+      ``staleness > 0``) and up to ``D`` own waves not yet pulled back (D·P); with one-step waves
+      and ``D > 0`` the wave's local update is made at ``OPT`` (P). The optimizer state is on the
+      parameter server, not here (:func:`device_memory`).
+    * ``sdpipe``: the device's flat weights and one received copy per partner (``group``·P), and
+      the float64 average's chunk (16 bytes an element of :data:`AVERAGE_CHUNK`:
+      ``GroupAverage.after_step``).
     """
-    if sync == "topk":
-        elements = buckets / FP32_BYTES
-        return buckets, 25.0 * elements
-    return 0.0, 0.0
+    if isinstance(role, str):
+        role = SyncRole(role)
+    elements = buckets / FP32_BYTES
+    flat = FP32_BYTES * params
+    if role.mode == "topk":
+        return SyncBuffers(kept=buckets, exchange=29.0 * elements)
+    if role.mode == "adasum" and buckets > 0:
+        combine = buckets + 12.0 * min(elements, ADASUM_DOT_CHUNK)
+        if role.optimizer not in ADAPTIVE_OPTIMIZERS:  # a leader sums its replicas into the same buffer
+            return SyncBuffers(exchange=combine if role.receives or role.gathers else 0.0)
+        combine = combine if role.receives else 0.0
+        return SyncBuffers(
+            exchange=buckets if role.gathers else 0.0, opt_with_grads=buckets, opt=2.0 * buckets + combine
+        )
+    if role.mode == "wsp":
+        kept = (flat if role.wave > 1 else 0.0) * (2.0 if role.staleness > 0 else 1.0) + role.staleness * flat
+        local = flat if role.wave == 1 and role.staleness > 0 else 0.0
+        return SyncBuffers(kept=kept, opt_with_grads=flat, opt=2.0 * flat + local)
+    if role.mode == "sdpipe" and role.group > 1:
+        return SyncBuffers(opt=role.group * flat + 16.0 * min(params, AVERAGE_CHUNK))
+    return SyncBuffers()
+
+
+def sync_roles(compiled: CompiledPlan, plan: Plan | None, *, optimizer: str | None = None) -> dict[str, SyncRole]:
+    """Each device's :class:`SyncRole` under ``plan``'s sync mode (all-reduce without a plan), with
+    ``optimizer`` (default: the plan's).
+
+    Adasum's tree (``hetplan.runtime.sync.adasum.AdasumTree``): per gradient group, each
+    pipeline's holders are led by the lowest rank (ranks follow the nodes and each node's device
+    indices), and the pipelines' leaders pair up level by level in pipeline order, the left one of
+    each pair receiving."""
+    if plan is None:
+        return {a: SyncRole() for a in compiled.programs}
+    base = SyncRole(
+        plan.sync,
+        optimizer or plan.optimizer,
+        wave=int(plan.sync_option("wave")) if plan.sync == "wsp" else 1,
+        staleness=int(plan.sync_option("staleness")) if plan.sync == "wsp" else 0,
+        group=min(int(plan.sync_option("group_size")), len(plan.pipelines)) if plan.sync == "sdpipe" else 1,
+    )
+    receives: set[str] = set()
+    gathers: set[str] = set()
+    if plan.sync == "adasum":
+        for g in compiled.groups:
+            if len(g.devices) < 2:
+                continue
+            members: dict[int, list[str]] = {}
+            for a in g.devices:
+                members.setdefault(compiled.programs[a].pipeline, []).append(a)
+            leaders = {q: min(rs, key=_rank_key) for q, rs in members.items()}
+            gathers.update(leaders[q] for q, rs in members.items() if len(rs) > 1)
+            nodes = sorted(members)
+            while len(nodes) > 1:  # the left node of each pair receives; an odd one out is carried
+                receives.update(leaders[q] for q in nodes[0:-1:2])
+                nodes = nodes[0::2]
+    return {a: replace(base, receives=a in receives, gathers=a in gathers) for a in compiled.programs}
+
+
+def _rank_key(address: str) -> tuple[str, int]:
+    """A device's place in rank order: its node, then its index there."""
+    node, _, index = address.rpartition("/")
+    return node, int(index) if index.isdigit() else 0
 
 
 def zero_checkpoint_bytes(params: float, *, optimizer: str, dtype: str) -> float:
@@ -261,13 +396,14 @@ def device_memory(
     recompute: str = "none",
     zero_holders: Mapping[int, int] | None = None,
     communicators: int = 0,
-    sync: str = "allreduce",
+    sync: str | SyncRole = "allreduce",
 ) -> MemoryUse:
     """Peak memory of one device running ``program`` (``reduced_blocks``: its blocks that are
     all-reduced with other devices, whose gradients pass through a flat bucket; ``recompute``: its
     stage's; ``zero_holders``: with ZeRO-1, block -> the devices its optimizer state is sharded over;
     ``communicators``: its communicators and point-to-point peers, :func:`communicators_of`;
-    ``sync``: the plan's sync mode, whose buffers :func:`sync_buffers` prices)."""
+    ``sync``: the plan's sync mode, or the device's :class:`SyncRole` in it, whose buffers
+    :func:`sync_buffers` prices)."""
     return _device_memory(
         program,
         profile,
@@ -278,7 +414,7 @@ def device_memory(
         recompute=recompute,
         zero_holders=zero_holders,
         communicators=communicators,
-        sync=sync,
+        sync=SyncRole(sync, optimizer) if isinstance(sync, str) else sync,
         statics={},
     )
 
@@ -325,7 +461,7 @@ def _device_memory(
     recompute: str,
     zero_holders: Mapping[int, int] | None,
     communicators: int,
-    sync: str,
+    sync: SyncRole,
     statics: dict[tuple, tuple[StageTerms, float, float, float, float]],
 ) -> MemoryUse:
     """:func:`device_memory`, the stage's static figures shared through ``statics`` by every
@@ -353,6 +489,8 @@ def _device_memory(
             zero_holders=zero_holders,
         )
     terms, gradients, optimizer_total, buckets, checkpoint = figures
+    if sync.mode == "wsp":  # the optimizer steps on the parameter server: here only the fp32 master
+        optimizer_total = FP32_BYTES * terms.params if mixed else 0.0
     weight_bytes = terms.weights
     held_per_sample = terms.held_per_sample
     grad_in, grad_out, workspace = terms.grad_in, terms.grad_out, terms.workspace
@@ -384,9 +522,10 @@ def _device_memory(
             in_flight -= 1
             if held > peak:
                 peak = held
-    kept, exchange = sync_buffers(sync, buckets)
-    if buckets + exchange + held > peak:  # after the last backward: the buckets beside the gradients
-        peak = buckets + exchange + held
+    buffers = sync_buffers(sync, buckets, params=terms.params)
+    # after the last backward: the buckets beside the gradients; then the sync mode's OPT, before and
+    # after fp32 gradients are freed (``held`` still carries them here: the walk's frame)
+    peak = max(peak, buckets + buffers.exchange + held, buffers.opt_with_grads + held, buffers.opt)
     if late_grads == 0.0 and not persistent:
         peak -= gradients  # the walk carried the gradients from the first backward on
     return MemoryUse(
@@ -400,7 +539,7 @@ def _device_memory(
         fragmentation=device_type.fragmentation,
         checkpoint=checkpoint,
         comm_buffers=comm_buffer_bytes(device_type, communicators),
-        sync_state=kept,
+        sync_state=buffers.kept,
     )
 
 
@@ -450,6 +589,7 @@ def plan_memory(
         else {}
     )
     statics: dict[tuple, tuple[StageTerms, float, float, float, float]] = {}
+    roles = sync_roles(compiled, plan, optimizer=optimizer)
     return {
         address: _device_memory(
             program,
@@ -461,7 +601,7 @@ def plan_memory(
             recompute=recompute.get((program.pipeline, program.stage), "none"),
             zero_holders=holders[address],
             communicators=communicators_of(compiled, address),
-            sync=plan.sync if plan is not None else "allreduce",
+            sync=roles[address],
             statics=statics,
         )
         for address, program in compiled.programs.items()

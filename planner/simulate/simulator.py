@@ -475,14 +475,19 @@ def _boundary_gathers(
     member's F (activations) or B (gradients) waits for it. Keyed ``(tp_group, micro, grad)``."""
     out: dict[tuple[tuple[str, ...], int, bool], int] = {}
     programs = compiled.programs
+    # a group's gather of one size is priced once: its micro-batches are mostly of one size
+    priced: dict[tuple[tuple[str, ...], float], float] = {}
     for tr in compiled.transfers:
         receiver = programs[tr.dst]
         key = (receiver.tp_group, tr.micro, tr.grad)
         if not receiver.tp_group or key in out:
             continue
         row = per_sample[tr.dst] if tr.grad else per_sample[tr.src]
-        members = [devices[a] for a in receiver.tp_group]
-        seconds = costs.all_gather(row * receiver.counts[tr.micro], members)
+        nbytes = row * receiver.counts[tr.micro]
+        seconds = priced.get((receiver.tp_group, nbytes))
+        if seconds is None:
+            members = [devices[a] for a in receiver.tp_group]
+            seconds = priced[(receiver.tp_group, nbytes)] = costs.all_gather(nbytes, members)
         info = TaskInfo(
             "gather", receiver.tp_group[0], receiver.pipeline, receiver.stage, tr.micro, op="boundary all-gather"
         )
@@ -550,15 +555,23 @@ def _recompute_of(plan: Plan | None) -> dict[tuple[int, int], str]:
 
 
 def _check_degrees(plan: Plan, profile: ModelProfile, cluster: Cluster) -> None:
-    """Every block of a tensor-parallel stage has its degree, with times for the stage's devices."""
+    """Every block of a tensor-parallel stage has its degree, with times for the stage's devices
+    (each block, type and degree looked up once: the answer depends on nothing else, and a
+    512-device plan holds each of them hundreds of times)."""
+    passed: set[tuple[int, str, int]] = set()
     for pi, p in enumerate(plan.pipelines):
         for si, s in enumerate(p.stages):
             if s.tensor_parallel == 1:
                 continue
+            types = {cluster.device(address).type.name: cluster.device(address).type for address in s.devices}
             for b in range(s.start, s.end):
-                for address in dict.fromkeys(s.devices):
+                for name, device_type in types.items():
+                    key = (b, name, s.tensor_parallel)
+                    if key in passed:
+                        continue
                     try:
-                        profile.block_time(b, cluster.device(address).type, 1, s.tensor_parallel)
+                        profile.block_time(b, device_type, 1, s.tensor_parallel)
+                        passed.add(key)
                     except HetplanError as exc:
                         raise HetplanError(
                             f"{exc.reason} (profile {profile.file or 'in memory'})",
@@ -677,7 +690,9 @@ def _static_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> bool:
                 terms = stage_terms(profile, s.start, s.end, tp=s.tensor_parallel)
                 gradients = FP32_BYTES * terms.params if mixed else terms.weights
                 state = 0.0
-                if not plan.zero:
+                if plan.sync == "wsp":  # the optimizer steps on the parameter server: no state here
+                    state = FP32_BYTES * terms.params if mixed else 0.0  # but the fp32 master copy
+                elif not plan.zero:
                     state = optimizer_bytes(
                         profile, s.start, s.end, optimizer=plan.optimizer, dtype=dtype, tp=s.tensor_parallel
                     )

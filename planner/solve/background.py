@@ -55,6 +55,12 @@ class Deferred(Generic[T]):
             except (OSError, RuntimeError):  # no process to be had: run it here later
                 self.close()
 
+    def ready(self) -> bool:
+        """Whether :meth:`result` would return without waiting for the child (it finished, or
+        there is none: then :meth:`result` runs the function here): a caller with other work may
+        do that first while the child is still busy."""
+        return self._future is None or self._future.done()
+
     def result(self) -> T:
         """The function's value (from the child where it ran there and succeeded)."""
         future, self._future = self._future, None

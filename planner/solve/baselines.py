@@ -55,6 +55,8 @@ __all__ = [
 
 K = TypeVar("K", bound=Hashable)
 
+_UNSEEN = object()  # "not given" / "not simulated yet" (None means "does not fit")
+
 BASELINES = (
     "uniform",
     "deepspeed_parameters",
@@ -230,17 +232,23 @@ def baseline_plans(
     *,
     homogeneous: dict[str, Candidate | None] | None = None,
     background: bool = False,
+    megatron: Candidate | object | None = _UNSEEN,
 ) -> dict[str, Candidate | None]:
     """Every baseline as a scored :class:`~hetplan.solve.search.Candidate` (None where it does not fit);
     ``homogeneous``: :func:`homogeneous_baselines` already computed (they need no reference, so a
-    caller may run them beside its own search); ``background``: the Megatron-style family is scored
-    in a second process meanwhile (:mod:`hetplan.solve.background`; the same answer)."""
-    megatron = Deferred(fastest_uniform_tp_pp, profile, cluster, opts, reference, background=background)
+    caller may run them beside its own search); ``megatron``: :func:`fastest_uniform_tp_pp` already
+    computed; ``background``: the Megatron-style family is scored in a second process meanwhile
+    (:mod:`hetplan.solve.background`; the same answer)."""
+    if megatron is not _UNSEEN:
+        out = _baselines_here(profile, cluster, opts, reference, homogeneous)
+        out["megatron_uniform"] = megatron  # type: ignore[assignment]
+        return {name: out[name] for name in BASELINES}
+    deferred = Deferred(fastest_uniform_tp_pp, profile, cluster, opts, reference, background=background)
     try:
         out = _baselines_here(profile, cluster, opts, reference, homogeneous)
-        out["megatron_uniform"] = megatron.result()
+        out["megatron_uniform"] = deferred.result()
     finally:
-        megatron.close()
+        deferred.close()
     return {name: out[name] for name in BASELINES}
 
 
@@ -303,7 +311,7 @@ def homogeneous_baselines(profile: ModelProfile, cluster: Cluster, opts: PlanOpt
     for mode in ("slowest", "average"):
         h_profile, h_cluster = _homogeneous_inputs(profile, cluster, mode)
         try:
-            h_plan = search_only(h_profile, h_cluster, inner).plan
+            h_plan = search_only(h_profile, h_cluster, inner, bound=False).plan
         except HetplanError:  # nothing fits when every device is taken as that type: a result
             h_plan = None
         out[f"homogeneous_{mode}"] = score(f"homogeneous_{mode}", h_plan)
@@ -326,9 +334,6 @@ class _Scorer:
             same = simulate_or_none(plan, self.profile, self.cluster)
             self.scored.append((plan, same))
         return Candidate(name, plan, float("nan"), same) if same is not None else None
-
-
-_UNSEEN = object()
 
 
 def _runs_alike(a: Plan, b: Plan) -> bool:
@@ -356,29 +361,48 @@ def _megatron_layout(cluster: Cluster, tp: int, pp: int, batch: int) -> list[lis
     return pipes
 
 
-def _uniform_plan(
-    layout: list[list[list[str]]], tables: CostTables, opts: PlanOptions, tp: int, m: int, recompute: str, zero: int
-) -> Plan | None:
-    n = tables.n
-    pp = len(layout[0])
-    cuts = [round(i * n / pp) for i in range(pp + 1)]
-    if any(tp not in tables.tp_options(cuts[i], cuts[i + 1]) for i in range(pp)):
-        return None  # a stage holds a block without that degree (an embedding, say)
-    shares = equal_shares(opts.global_batch, len(layout))
-    pipes = [
-        Pipeline(
-            b,
-            micro_batch_list(b, min(m, b)),
-            tuple(
-                Stage(cuts[i], cuts[i + 1], tuple(group), (1.0,), tensor_parallel=tp, recompute=recompute)
-                for i, group in enumerate(stages)
-            ),
+class _UniformPlans:
+    """The Megatron-style plans of one layout and degree: blocks split evenly, equal batches. A
+    family tries up to 24 settings that share their stages (per recomputation) and pipelines (per
+    micro-batch size and recomputation): each is built once (a 512-device plan is thousands of
+    objects), every plan gets its own list of them."""
+
+    def __init__(self, layout: list[list[list[str]]], tables: CostTables, opts: PlanOptions, tp: int) -> None:
+        n = tables.n
+        pp = len(layout[0])
+        self.layout, self.opts, self.tp = layout, opts, tp
+        self.cuts = [round(i * n / pp) for i in range(pp + 1)]
+        # a stage holds a block without that degree (an embedding, say): no plan at all
+        self.possible = all(tp in tables.tp_options(self.cuts[i], self.cuts[i + 1]) for i in range(pp))
+        self.shares = equal_shares(opts.global_batch, len(layout))
+        self._stages: dict[str, list[tuple[Stage, ...]]] = {}
+        self._pipelines: dict[tuple[int, str], list[Pipeline]] = {}
+
+    def plan(self, m: int, recompute: str, zero: int) -> Plan:
+        """The plan at micro-batch size ``m`` (smaller where a share is), ``recompute`` and ``zero``."""
+        pipes = self._pipelines.get((m, recompute))
+        if pipes is None:
+            stages = self._stages.get(recompute)
+            if stages is None:
+                cuts, tp = self.cuts, self.tp
+                stages = self._stages[recompute] = [
+                    tuple(
+                        Stage(cuts[i], cuts[i + 1], tuple(group), (1.0,), tensor_parallel=tp, recompute=recompute)
+                        for i, group in enumerate(groups)
+                    )
+                    for groups in self.layout
+                ]
+            pipes = self._pipelines[(m, recompute)] = [
+                Pipeline(b, micro_batch_list(b, min(m, b)), held) for held, b in zip(stages, self.shares, strict=True)
+            ]
+        opts = self.opts
+        return Plan(
+            global_batch=opts.global_batch,
+            pipelines=list(pipes),
+            schedule=opts.schedule,
+            optimizer=opts.optimizer,
+            zero=zero,
         )
-        for stages, b in zip(layout, shares, strict=True)
-    ]
-    return Plan(
-        global_batch=opts.global_batch, pipelines=pipes, schedule=opts.schedule, optimizer=opts.optimizer, zero=zero
-    )
 
 
 def uniform_tp_pp_plans(
@@ -460,13 +484,14 @@ def _settings(
     layout = _megatron_layout(cluster, tp, pp, opts.global_batch)
     if layout is None:
         return []
+    plans = _UniformPlans(layout, tables, opts, tp)
+    if not plans.possible:
+        return []
     out = []
     for m in sizes:
         for recompute in ("none", "selective", "full"):
             for zero in (0, 1) if len(layout) > 1 else (0,):
-                plan = _uniform_plan(layout, tables, opts, tp, m, recompute, zero)
-                if plan is None:
-                    return []
+                plan = plans.plan(m, recompute, zero)
                 if _fits(plan, tables, cluster):
                     out.append(plan)
     return out

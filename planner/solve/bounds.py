@@ -13,7 +13,6 @@ limit. Any real plan does at least this work on these devices, so no plan can be
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import linprog
 
 from hetplan.contracts.cluster import Cluster
 from hetplan.errors import HetplanError
@@ -29,6 +28,10 @@ def _best_per_sample(tables: CostTables, type_name: str, sizes: list[int]) -> np
 
 def compute_lower_bound(tables: CostTables, cluster: Cluster, global_batch: int, sizes: list[int]) -> float:
     """The LP bound of the module docstring, in seconds."""
+    # imported here: scipy.optimize takes about half a second to import, more than the whole
+    # search of a small cluster, and ``hetplan plan`` on a large one solves this in a second process
+    from scipy.optimize import linprog
+
     types = list(cluster.device_types)
     counts = [sum(1 for d in cluster.devices if d.type.name == t) for t in types]
     per_sample = np.array([_best_per_sample(tables, t, sizes) for t in types])  # [types, blocks]

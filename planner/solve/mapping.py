@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import warnings
 
-import pulp
-
 from hetplan.contracts.cluster import Cluster, Device
 from hetplan.errors import HetplanError
 
@@ -52,6 +50,8 @@ def pair_nodes(cluster: Cluster, left: list[Device], right: list[Device]) -> lis
 def _solve(
     seconds: dict[tuple[int, int], float], left: list[Device], right: list[Device], keep: list[int], count: int
 ) -> list[tuple[int, int]]:
+    import pulp  # here, not at import: only clusters whose node pairings differ in speed need it
+
     prob = pulp.LpProblem("pair_nodes", pulp.LpMinimize)
     x = {(i, j): pulp.LpVariable(f"x_{i}_{j}", cat="Binary") for i, j in seconds}
     slowest = pulp.LpVariable("slowest", lowBound=0)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hetplan.contracts.model_profile import ModelProfile
-from hetplan.simulate.memory import FP32_BYTES, MIXED_PRECISION, OPTIMIZER_STATE_BYTES
+from hetplan.simulate.memory import FP32_BYTES, MIXED_PRECISION, OPTIMIZER_STATE_BYTES, held_output_bytes
 
 __all__ = ["RangeBase", "RangeTerms", "range_base", "range_terms"]
 
@@ -112,7 +112,8 @@ def range_base(profile: ModelProfile, *, optimizer: str, tp: int, recompute: str
     p = params[None, :] - params[:, None]
     w = weights[None, :] - weights[:, None]
     gradients = FP32_BYTES * p if mixed else w
-    out_end = np.concatenate([[0.0], output])  # output of block j - 1, by end j
+    last = held_output_bytes(profile, n, tp) if has[-1] else output[-1]  # a vocabulary-parallel head's: 1/t
+    out_end = np.concatenate([[0.0], output[:-1], [last]])  # output of block j - 1, by end j
     held = saved[None, :] - saved[:, None] + out_end[None, :]
     # workspace: the largest per-block term of the range, by a running maximum over ends
     workspace = np.zeros((n + 1, n + 1))

@@ -71,6 +71,7 @@ __all__ = [
     "Searched",
     "best_plan",
     "evaluate_structure",
+    "lower_bound",
     "search_only",
     "search_plans",
     "simulate_or_none",
@@ -322,6 +323,19 @@ class _Found:
         return degree
 
 
+def _sizes(opts: PlanOptions) -> tuple[int, ...]:
+    """The micro-batch sizes the search tries, ascending (default: powers of two up to 64)."""
+    return tuple(sorted(set(opts.micro_batch_sizes or tuple(2**k for k in range(7)))))
+
+
+def lower_bound(profile: ModelProfile, cluster: Cluster, opts: PlanOptions) -> float:
+    """The plan's lower bound as :func:`best_plan` computes it, from inputs alone: a caller may
+    compute it elsewhere (:func:`hetplan.solve.training.plan_training`, in its second process,
+    which keeps scipy's import out of the planning process) and hand it to :func:`best_plan`."""
+    tables = CostTables(profile, cluster, optimizer=opts.optimizer)
+    return compute_lower_bound(tables, cluster, opts.global_batch, list(_sizes(opts)))
+
+
 class _Search:
     """State shared by one planning run: tables, caches, options."""
 
@@ -346,8 +360,7 @@ class _Search:
         self.floors: dict[tuple, tuple[float, float] | None] = {}
         self.bound_tables: dict[tuple, TimeTable | None] = {}
         self._fastest: dict[tuple, tuple[list[tuple[Partition, int]], TimeTable, np.ndarray]] = {}
-        sizes = opts.micro_batch_sizes or tuple(2**k for k in range(7))
-        self.sizes = tuple(sorted(set(sizes)))
+        self.sizes = _sizes(opts)
         n = self.tables.n
         self.degrees = tuple(sorted({t for b in range(n) for t in self.tables.tp_options(b, b + 1)}))
 
@@ -1128,8 +1141,12 @@ def best_plan(
     profile: ModelProfile,
     cluster: Cluster,
     opts: PlanOptions,
+    *,
+    lower_bound: float | None = None,
 ) -> PlanResult:
-    """Step 4: the fastest of the searched candidates and the baselines, refined, with its bound."""
+    """Step 4: the fastest of the searched candidates and the baselines, refined, with its bound
+    (``lower_bound``: the bound already computed, see :func:`lower_bound`; math.nan where the
+    caller reads only the plan)."""
     pool = searched.scored + [b for b in baselines.values() if b is not None and b.sim is not None]
     if not pool:
         raise _infeasible(profile, cluster, opts, searched.search.tables)
@@ -1149,11 +1166,12 @@ def best_plan(
         ]
         best = min(refined, key=lambda c: c.sim.iteration_s)
     best, zero_alternative = _settle_zero(best, profile, cluster)
-    lower = compute_lower_bound(search.tables, cluster, opts.global_batch, list(search.sizes))
+    if lower_bound is None:
+        lower_bound = compute_lower_bound(search.tables, cluster, opts.global_batch, list(search.sizes))
     return PlanResult(
         plan=best.plan,
         sim=best.sim,
-        lower_bound_s=lower,
+        lower_bound_s=lower_bound,
         label=best.label,
         candidates=searched.scored,
         baselines=baselines,
@@ -1198,9 +1216,12 @@ def _settle_zero(best: Candidate, profile: ModelProfile, cluster: Cluster) -> tu
     return best, alternative
 
 
-def search_only(profile: ModelProfile, cluster: Cluster, opts: PlanOptions) -> PlanResult:
-    """The planner without baselines (what a baseline that runs a planner of its own calls)."""
-    return best_plan(search_plans(profile, cluster, opts), {}, profile, cluster, opts)
+def search_only(profile: ModelProfile, cluster: Cluster, opts: PlanOptions, *, bound: bool = True) -> PlanResult:
+    """The planner without baselines (what a baseline that runs a planner of its own calls);
+    without ``bound`` its ``lower_bound_s`` is NaN (a baseline reads only the plan, and the LP
+    would import scipy where nothing else needs it)."""
+    lower = None if bound else math.nan
+    return best_plan(search_plans(profile, cluster, opts), {}, profile, cluster, opts, lower_bound=lower)
 
 
 def plan_details(result: PlanResult, cluster: Cluster) -> dict[str, Any]:

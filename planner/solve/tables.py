@@ -38,7 +38,13 @@ from hetplan.contracts.catalog import DeviceType
 from hetplan.contracts.cluster import Cluster, Link
 from hetplan.contracts.model_profile import ModelProfile
 from hetplan.simulate.costs import block_costs
-from hetplan.simulate.memory import FP32_BYTES, MIXED_PRECISION, OPTIMIZER_STATE_BYTES, static_bytes_per_param
+from hetplan.simulate.memory import (
+    FP32_BYTES,
+    MIXED_PRECISION,
+    OPTIMIZER_STATE_BYTES,
+    held_output_bytes,
+    static_bytes_per_param,
+)
 
 __all__ = ["CostTables"]
 
@@ -184,7 +190,7 @@ class CostTables:
         params_cum, weights_cum, saved_cum, workspace = self._arrays(tp, recompute)
         params = float(params_cum[end] - params_cum[start])
         weights = float(weights_cum[end] - weights_cum[start])
-        out_bytes = self.profile.blocks[end - 1].output_bytes
+        out_bytes = held_output_bytes(self.profile, end, tp)  # a vocabulary-parallel head's: 1/t
         held = float(saved_cum[end] - saved_cum[start]) + out_bytes
         grad_in = 0.0 if end == self.n else out_bytes
         grad_out = 0.0 if start == 0 else self.profile.blocks[start - 1].output_bytes

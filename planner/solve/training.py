@@ -22,8 +22,8 @@ from hetplan.errors import HetplanError
 from hetplan.simulate import simulate
 from hetplan.simulate.simulator import SimResult
 from hetplan.solve.background import Deferred
-from hetplan.solve.baselines import baseline_plans, homogeneous_baselines
-from hetplan.solve.search import PlanOptions, PlanResult, best_plan, search_plans
+from hetplan.solve.baselines import baseline_plans, fastest_uniform_tp_pp, homogeneous_baselines
+from hetplan.solve.search import Candidate, PlanOptions, PlanResult, best_plan, lower_bound, search_plans
 from hetplan.solve.sync_refine import refine_for_sync
 
 __all__ = ["plan_training"]
@@ -42,27 +42,41 @@ def plan_training(
 ) -> PlanResult:
     """Search for the fastest plan, score the baselines on the same simulator, keep the fastest
     (baselines are candidates too: the plan is never slower than any of them)."""
-    # the homogeneous baselines need no search result: on a large cluster they run beside the search
-    # (and the Megatron-style family beside the other baselines)
-    homogeneous = None
+    # the homogeneous baselines and the lower bound need no search result: on a large cluster they
+    # run beside the search (and the Megatron-style family beside the other baselines)
     beside = len(cluster.devices) >= _BACKGROUND_DEVICES
-    if opts.baselines:
-        homogeneous = Deferred(homogeneous_baselines, profile, cluster, opts, background=beside)
+    independent = Deferred(_independent, profile, cluster, opts, background=beside) if beside else None
     try:
         searched = search_plans(profile, cluster, opts, progress=progress)
+        reference = min(searched.scored, key=lambda c: c.sim.iteration_s).plan if searched.scored else None
+        megatron: dict[str, Candidate | None] = {}
+        if opts.baselines and independent is not None and not independent.ready():
+            # the second core is still on the homogeneous searches: the Megatron-style family here
+            # meanwhile, not in a third process after them
+            megatron["megatron"] = fastest_uniform_tp_pp(profile, cluster, opts, reference)
+        homogeneous, lower = independent.result() if independent is not None else (None, None)
         baselines = {}
-        if homogeneous is not None:
-            reference = min(searched.scored, key=lambda c: c.sim.iteration_s).plan if searched.scored else None
+        if opts.baselines:
             baselines = baseline_plans(
-                profile, cluster, opts, reference, homogeneous=homogeneous.result(), background=beside
+                profile, cluster, opts, reference, homogeneous=homogeneous, background=beside, **megatron
             )
     finally:
-        if homogeneous is not None:
-            homogeneous.close()
-    result = best_plan(searched, baselines, profile, cluster, opts)
+        if independent is not None:
+            independent.close()
+    result = best_plan(searched, baselines, profile, cluster, opts, lower_bound=lower)
     if opts.sync != "allreduce":
         result = _for_sync(result, profile, cluster, opts)
     return result
+
+
+def _independent(
+    profile: ModelProfile, cluster: Cluster, opts: PlanOptions
+) -> tuple[dict[str, Candidate | None] | None, float]:
+    """What needs no search result: the homogeneous baselines (where asked for) and the plan's
+    lower bound (its LP is the only user of scipy on the planning path, whose import alone is half
+    a second: in the second process it stays out of the planning one)."""
+    homogeneous = homogeneous_baselines(profile, cluster, opts) if opts.baselines else None
+    return homogeneous, lower_bound(profile, cluster, opts)
 
 
 def _for_sync(result: PlanResult, profile: ModelProfile, cluster: Cluster, opts: PlanOptions) -> PlanResult:

@@ -6,18 +6,22 @@
 
 A *candidate* is a count of nodes per *kind*: each group of identical nodes of the base cluster
 (0 up to as many as it has: a node may be dropped) and each pool entry (0 up to its ``count``). A
-candidate's answer is what the planner's search gives on that cluster (:func:`plan_training` without
-the baselines, which would cost more than the search on large clusters; the chosen candidate is
-planned once more with them, as ``hetplan plan`` would), and the search never plans every
+candidate's answer is what a cheaper run of the planner's search gives on that cluster
+(:func:`candidate_options`: no baselines, no refinement, the estimate's best plan simulated; the
+full planner costs seconds to minutes per candidate), and only the chosen candidate is planned
+once more in full (:func:`final_options`), as ``hetplan plan`` would. The search never plans every
 candidate. It ranks them by a lower bound on their objective and plans them best bound first,
 stopping when no bound left can beat the best plan found:
 
-* the bound on the iteration time is the planner's own LP bound (:mod:`hetplan.solve.bounds`: no
-  plan is faster), first in a closed form computed for every candidate at once (a feasible point of
-  the LP's dual, so never above the LP), then, for a candidate about to be planned, the LP itself;
+* the bound on the iteration time is the planner's own LP bound (no plan is faster), from tables
+  built once for the pool (:mod:`hetplan.solve.whatif_bounds`): first points of the LP's dual for
+  every candidate at once (never above the LP), then, for a candidate about to be planned, the LP
+  itself, memoised per type counts, whose dual point then raises every other candidate's bound;
 * an objective is a function of (iteration time, $/hour) that never falls as the time grows, so a
   bound on the time bounds it; constraints prune on the bound too (a candidate whose bound misses
-  a deadline cannot meet it; one over the budget per hour is never planned).
+  a deadline cannot meet it; one over the budget per hour is never planned);
+* between best-bound steps the search *dives*: plans neighbours of the best plan found that could
+  still beat it (only the order changes, so a good answer comes early when ``max_plans`` stops it).
 
 Ties are broken by price, then devices, then the counts, so the answer is unique and the same as
 planning every candidate (``tests/solve/test_whatif.py`` checks that against brute force). The
@@ -42,10 +46,10 @@ from hetplan.contracts.cluster import Cluster, parse_cluster
 from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.pool import Pool
 from hetplan.errors import HetplanError
-from hetplan.solve.bounds import compute_lower_bound
 from hetplan.solve.search import PlanOptions, PlanResult
 from hetplan.solve.tables import CostTables
 from hetplan.solve.training import plan_training
+from hetplan.solve.whatif_bounds import CandidateBounds
 
 __all__ = [
     "OBJECTIVES",
@@ -54,6 +58,8 @@ __all__ = [
     "Objective",
     "Space",
     "WhatIfResult",
+    "candidate_options",
+    "final_options",
     "what_if",
     "what_if_space",
 ]
@@ -71,6 +77,42 @@ OBJECTIVES = (
 
 #: Up to this many candidates every count of every kind is tried; above, large kinds take ladders.
 MAX_CANDIDATES = 200_000
+
+#: Candidates are planned by the search with only the estimate's best this many plans simulated
+#: (and no refinement, no baselines); the chosen one is planned in full. The planner simulates
+#: every structure's plan on a cluster of up to a few devices, which at a large batch (hundreds
+#: of micro-batches) costs minutes per candidate; the estimate's best is its pick on large ones.
+CANDIDATE_TOP_K = 1
+
+
+#: Of every this many candidates planned, one is the best bound left and the others dive (a
+#: neighbour of the best plan found that could still beat it) while a dive is open.
+DIVE_EVERY = 3
+
+
+#: The chosen candidate is planned as ``hetplan plan`` plans it (baselines, refinement, the
+#: planner's ``top_k``) where its candidate plan is small: devices x simulated tasks at most this.
+#: Above, its search simulates only the estimate's best :data:`FINAL_TOP_K` (baselines and
+#: refinement still run): on a few devices the planner simulates every structure's plan, which at
+#: a batch of hundreds of micro-batches takes minutes (4 T4s at batch 1024: about 4 minutes).
+FULL_PLAN_WORK = 4_000
+FINAL_TOP_K = 1
+
+
+def candidate_options(opts: PlanOptions) -> PlanOptions:
+    """The options every candidate is planned with: ``opts`` without baselines and refinement, and
+    with ``top_k`` at :data:`CANDIDATE_TOP_K` unless ``opts`` sets one."""
+    return replace(opts, baselines=False, refine=False, top_k=opts.top_k or CANDIDATE_TOP_K)
+
+
+def final_options(opts: PlanOptions, chosen: Evaluated | None = None) -> PlanOptions:
+    """The options the chosen candidate is planned with: ``opts`` as given, or with ``top_k`` at
+    :data:`FINAL_TOP_K` where ``opts`` sets none and ``chosen``'s plan is above :data:`FULL_PLAN_WORK`."""
+    if opts.top_k or chosen is None or chosen.result is None:
+        return opts
+    if chosen.devices * chosen.result.sim.n_tasks <= FULL_PLAN_WORK:
+        return opts
+    return replace(opts, top_k=FINAL_TOP_K)
 
 
 @dataclass(frozen=True)
@@ -283,10 +325,16 @@ class Evaluated:
     result: PlanResult | None = None
     cluster: Cluster | None = None
     reason: str = ""  # why there is no plan
+    candidate_s: float | None = None  # the chosen one: its candidate plan's iteration, before the full plan
 
     @property
     def iteration_s(self) -> float:
         return self.result.sim.iteration_s if self.result else math.inf
+
+    @property
+    def compared_s(self) -> float:
+        """The iteration to compare with other candidates' (planned alike, by :func:`candidate_options`)."""
+        return self.candidate_s if self.candidate_s is not None else self.iteration_s
 
     @property
     def usd_per_step(self) -> float | None:
@@ -316,34 +364,18 @@ class WhatIfResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _per_sample(profile: ModelProfile, tables: CostTables, types: list[str], sizes: list[int]) -> np.ndarray:
-    """[types, blocks]: the fastest fwd + bwd seconds per sample over the micro-batch sizes (the LP's)."""
-    return np.array([np.min([np.diff(tables.prefix(t, m)) / m for m in sizes], axis=0) for t in types])
-
-
-def _fast_bounds(space: Space, grid: np.ndarray, per_sample: np.ndarray, types: list[str], batch: int) -> np.ndarray:
-    """A lower bound on the LP bound of every candidate (rows of ``grid``), vectorised.
-
-    The LP ``min T: sum_k y[b,k] = 1, B sum_b t[b,k] y[b,k] <= n_k T`` has the dual
-    ``max sum_b u_b: u_b <= B t[b,k] lam_k, sum_k n_k lam_k = 1``; ``lam_k`` proportional to the
-    speed ``1 / s_k`` of type k (``s_k = sum_b t[b,k]``) on the types present is feasible, giving
-    ``B sum_b min_k (t[b,k] / s_k) / sum_k (n_k / s_k)``: exact when types differ by one factor."""
-    s = per_sample.sum(axis=1)  # [types]
-    ratio = per_sample / s[:, None]  # [types, blocks]
-    n = np.zeros((grid.shape[0], len(types)))
-    for ki, kind in enumerate(space.kinds):
-        for t, per in kind.devices.items():
-            n[:, types.index(t)] += grid[:, ki] * per
-    present = n > 0
-    out = np.full(grid.shape[0], np.inf)
-    for mask in {tuple(r) for r in present}:
-        rows = np.all(present == np.array(mask), axis=1)
-        idx = [i for i, m in enumerate(mask) if m]
-        if not idx:
-            continue
-        numer = batch * ratio[idx].min(axis=0).sum()
-        out[rows] = numer / (n[rows][:, idx] / s[idx]).sum(axis=1)
-    return out
+def _neighbours(row: int, index: np.ndarray, where: dict[tuple[int, ...], int]) -> list[int]:
+    """Candidates one ladder step away from ``row`` in one kind's count, or with none of a kind
+    (rows of the grid)."""
+    out = []
+    for k in range(index.shape[1]):
+        for level in {index[row, k] - 1, index[row, k] + 1, 0} - {index[row, k]}:
+            moved = index[row].copy()
+            moved[k] = level
+            other = where.get(tuple(int(i) for i in moved))
+            if other is not None:
+                out.append(other)
+    return sorted(out)
 
 
 def what_if(
@@ -366,10 +398,16 @@ def what_if(
     Returns:
         :class:`WhatIfResult`; ``chosen`` is None when no candidate has a plan that meets the objective.
 
-    Note: candidates are planned by the search alone (``baselines=False``): the seven baselines
-    cost more than the search on a large cluster and rarely win. The chosen candidate is then
-    planned with ``opts`` as given (``hetplan plan`` on its cluster), and its figures are that plan's
-    where it is no slower than the search's.
+    Note: candidates are planned by the search alone, at :func:`candidate_options` (no baselines,
+    no refinement, only the estimate's best :data:`CANDIDATE_TOP_K` simulated): the full planner
+    costs seconds to minutes per candidate. The chosen candidate is then planned with ``opts`` as
+    given (``hetplan plan`` on its cluster), and its figures are that plan's where it is no slower.
+
+    Which candidate is planned next: the best bound, alternating with a *dive* where one is open,
+    a neighbour (one ladder step in one kind's count) of the best plan found whose bound can still
+    beat it, best bound first. Both only choose the order; every candidate left unplanned has a
+    bound that cannot beat the answer (or ``max_plans`` stopped the search, and ``gap`` says by how
+    much the best bound left lies below the answer), so the answer is the same as planning them all.
     """
     if objective.name not in OBJECTIVES:
         raise HetplanError(f"unknown objective {objective.name!r}; expected one of {', '.join(OBJECTIVES)}")
@@ -381,39 +419,63 @@ def what_if(
                 "(set price_per_hour on the node, or price: in the catalog)",
                 field="--objective",
             )
-    search_opts = replace(opts, baselines=False)
+    search_opts = candidate_options(opts)
     types = sorted({t for k in space.kinds for t in k.devices})
     sizes = sorted(set(opts.micro_batch_sizes or tuple(2**k for k in range(7))))
     everything = space.cluster(tuple(k.hi for k in space.kinds))
     tables = CostTables(profile, everything, optimizer=opts.optimizer)
-    per_sample = _per_sample(profile, tables, types, sizes)
-    grid = np.array(np.meshgrid(*space.levels, indexing="ij")).reshape(len(space.kinds), -1).T
-    grid = grid[grid.sum(axis=1) > 0]
-    fast = _fast_bounds(space, grid, per_sample, types, opts.global_batch)
+    lower = CandidateBounds(profile, tables, types, sizes, opts.global_batch)
+    index = np.array(np.meshgrid(*[range(len(lv)) for lv in space.levels], indexing="ij"))
+    index = index.reshape(len(space.kinds), -1).T
+    grid = np.array([[lv[i] for lv, i in zip(space.levels, row, strict=True)] for row in index], dtype=int)
+    keep = grid.sum(axis=1) > 0
+    grid, index = grid[keep], index[keep]
+    per_type = np.zeros((grid.shape[0], len(types)))
+    for ki, kind in enumerate(space.kinds):
+        for t, per in kind.devices.items():
+            per_type[:, types.index(t)] += grid[:, ki] * per
+    groups = lower.groups(per_type)
+    bound = lower.fast(per_type, groups)
+    where = {tuple(int(i) for i in row): r for r, row in enumerate(index)}
+    counts_of = [tuple(int(c) for c in row) for row in grid]
+    prices = [space.price_per_hour(c) for c in counts_of]
+    devices = per_type.sum(axis=1).astype(int)
+    lp_done = np.zeros(grid.shape[0], dtype=bool)
+    planned = np.zeros(grid.shape[0], dtype=bool)
+    alive = np.ones(grid.shape[0], dtype=bool)  # not ruled out by a constraint
 
-    heap: list[tuple[tuple, bool, tuple[int, ...], float]] = []
-    pruned = 0
-    for row, bound in zip(grid, fast, strict=True):
-        counts = tuple(int(c) for c in row)
-        price = space.price_per_hour(counts)
-        if objective.budget_per_hour is not None and price > objective.budget_per_hour + 1e-9:
-            pruned += 1
-            continue
-        if objective.max_iteration_s is not None and bound > objective.max_iteration_s:
-            pruned += 1
-            continue
-        key = objective.key(float(bound), price, space.devices(counts), space.moved(counts), counts)
-        heap.append((key, False, counts, float(bound)))
+    def key(r: int) -> tuple:
+        c = counts_of[r]
+        return objective.key(float(bound[r]), prices[r], int(devices[r]), space.moved(c), c)
+
+    def tighten(r: int) -> None:
+        """Row ``r``'s bound raised to its LP; the LP's dual point raises every other row's."""
+        if lp_done[r]:
+            return
+        cuts = lower.cuts
+        lp = lower.lp(space.type_counts(counts_of[r]))
+        if lower.cuts > cuts:
+            np.maximum(bound, lower.fast(per_type, groups, since=cuts), out=bound)
+        bound[r] = max(bound[r], lp)  # both are lower bounds: keep the larger
+        lp_done[r] = True
+
+    heap: list[tuple[tuple, int]] = []
+    for r in range(grid.shape[0]):
+        over_budget = objective.budget_per_hour is not None and prices[r] > objective.budget_per_hour + 1e-9
+        too_slow = objective.max_iteration_s is not None and bound[r] > objective.max_iteration_s
+        if over_budget or too_slow:
+            alive[r] = False
+        else:
+            heap.append((key(r), r))
     heapq.heapify(heap)
 
     evaluated: dict[tuple[int, ...], Evaluated] = {}
-    bounds: dict[tuple[int, ...], float] = {}
 
-    def evaluate(counts: tuple[int, ...]) -> Evaluated:
+    def evaluate(counts: tuple[int, ...], bound_s: float = 0.0) -> Evaluated:
         if counts in evaluated:
             return evaluated[counts]
         cluster = space.cluster(counts)
-        ev = Evaluated(counts, space.devices(counts), space.price_per_hour(counts), bounds.get(counts, 0.0))
+        ev = Evaluated(counts, space.devices(counts), space.price_per_hour(counts), bound_s)
         try:
             ev.result = plan(profile, cluster, search_opts)
             ev.cluster = cluster
@@ -425,43 +487,77 @@ def what_if(
         return ev
 
     best: tuple[tuple, Evaluated] | None = None
+    dive: list[tuple[int, tuple, int]] = []  # neighbours of the best plan found, best bound first
+
+    def open_dive(r: int) -> None:
+        dive.clear()
+        for other in _neighbours(r, index, where):
+            if planned[other] or not alive[other]:
+                continue
+            tighten(other)
+            if objective.max_iteration_s is not None and bound[other] > objective.max_iteration_s:
+                continue
+            if key(other) < best[0]:
+                # priced objectives: fewer devices first (what the bound ignores, bubbles, small
+                # micro-batches, communication, grows with them); otherwise the best bound first
+                first = int(devices[other]) if objective.priced else 0
+                dive.append((first, key(other), other))
+        dive.sort(reverse=True)  # pop() takes the first
+
+    def next_row() -> int | None:
+        """The next row to plan, or None when no bound left can beat the best plan found."""
+        while heap:
+            k, r = heap[0]
+            if planned[r] or not alive[r]:
+                heapq.heappop(heap)
+                continue
+            if k != key(r) or not lp_done[r]:
+                heapq.heappop(heap)
+                if k == key(r):  # a key raised by another LP's dual point is re-queued without its own
+                    tighten(r)
+                if objective.max_iteration_s is not None and bound[r] > objective.max_iteration_s:
+                    alive[r] = False
+                    continue
+                heapq.heappush(heap, (key(r), r))
+                continue
+            if best is not None and k >= best[0]:
+                return None
+            if dive and len(evaluated) % DIVE_EVERY:
+                while dive:
+                    _, dk, d = dive.pop()
+                    if not planned[d] and alive[d] and dk < best[0]:
+                        return d
+            return heapq.heappop(heap)[1]
+        return None
+
     exact = True
     gap = None
-    while heap:
-        key, refined, counts, bound = heap[0]
-        if best is not None and key >= best[0]:
-            break
+    while True:
         if max_plans is not None and len(evaluated) >= max_plans:
-            exact = False
-            if best is not None:
-                gap = 1.0 - key[0] / best[0][0] if best[0][0] > 0 else 0.0
+            r = next_row()
+            if r is not None:
+                exact = False
+                left = min(key(i)[0] for _, i in heap if not planned[i] and alive[i])
+                if best is not None:
+                    gap = 1.0 - left / best[0][0] if best[0][0] > 0 else 0.0
             break
-        heapq.heappop(heap)
-        if not refined:
-            cluster = space.cluster(counts)
-            lp_tables = CostTables(profile, cluster, optimizer=opts.optimizer)
-            lp = compute_lower_bound(lp_tables, cluster, opts.global_batch, sizes)
-            bounds[counts] = lp
-            if objective.max_iteration_s is not None and lp > objective.max_iteration_s:
-                pruned += 1
-                continue
-            lp = max(lp, bound)  # both are lower bounds: keep the larger
-            price, devices = space.price_per_hour(counts), space.devices(counts)
-            heapq.heappush(heap, (objective.key(lp, price, devices, space.moved(counts), counts), True, counts, lp))
-            continue
-        ev = evaluate(counts)
+        r = next_row()
+        if r is None:
+            break
+        planned[r] = True
+        ev = evaluate(counts_of[r], float(bound[r]))
         if ev.result is None:
             continue
         t = ev.iteration_s
         if objective.max_iteration_s is not None and t > objective.max_iteration_s:
             continue
-        true_key = objective.key(t, ev.price_per_hour, ev.devices, space.moved(counts), counts)
+        true_key = objective.key(t, ev.price_per_hour, ev.devices, space.moved(ev.counts), ev.counts)
         if best is None or true_key < best[0]:
             best = (true_key, ev)
-    pruned += len(heap) if exact else 0
+            open_dive(r)
     chosen = best[1] if best else None
-    if chosen is not None and opts.baselines:
-        _plan_in_full(chosen, profile, opts, plan)
+    if chosen is not None and search_opts != final_options(opts, chosen):
+        _plan_in_full(chosen, profile, final_options(opts, chosen), plan)
     result = WhatIfResult(
         space=space,
         objective=objective,
@@ -469,12 +565,15 @@ def what_if(
         chosen=chosen,
         evaluated=evaluated,
         candidates=len(grid),
-        pruned=pruned,
+        pruned=0,
         exact=exact,
         gap=gap,
     )
     if chosen is not None and marginals:
         result.marginals = _marginals(space, chosen, evaluate)
+    # never planned: ruled out by a constraint on the bound, or (the search ran to its end) by the bound
+    unplanned = np.array([c not in evaluated for c in counts_of], dtype=bool)
+    result.pruned = int((unplanned if exact else unplanned & ~alive).sum())
     result.notes = _notes(result)
     return result
 
@@ -486,6 +585,7 @@ def _plan_in_full(chosen: Evaluated, profile: ModelProfile, opts: PlanOptions, p
     if chosen.cluster is None:
         return
     full = plan(profile, chosen.cluster, opts)
+    chosen.candidate_s = chosen.iteration_s
     if full.sim.iteration_s <= chosen.iteration_s:
         chosen.result = full
 
@@ -507,22 +607,23 @@ def _marginals(space: Space, chosen: Evaluated, evaluate: Callable[[tuple[int, .
 
 
 def _notes(result: WhatIfResult) -> list[str]:
-    """Plain sentences: a node kind whose extra node makes the plan slower (dropping it wins), idle devices."""
+    """Plain sentences: a node kind whose extra node makes the plan slower (dropping it wins), idle
+    devices. Neighbours are compared with the chosen candidate's own plan, planned as they were."""
     notes = []
     chosen = result.chosen
     if chosen is None:
         return ["no candidate has a plan that fits and meets the objective"]
+    here = chosen.compared_s
     for row in result.marginals:
         ev = row["evaluated"]
         kind = row["kind"]
-        if row["delta"] == +1 and ev.result is not None and ev.iteration_s >= chosen.iteration_s - 1e-12:
-            verb = "slower" if ev.iteration_s > chosen.iteration_s * (1 + 1e-9) else "no faster"
+        if row["delta"] == +1 and ev.result is not None and ev.iteration_s >= here - 1e-12:
+            verb = "slower" if ev.iteration_s > here * (1 + 1e-9) else "no faster"
             notes.append(
-                f"adding a {kind} node makes the plan {verb} ({chosen.iteration_s:.4g} s -> {ev.iteration_s:.4g} s): "
-                f"dropping it wins"
+                f"adding a {kind} node makes the plan {verb} ({here:.4g} s -> {ev.iteration_s:.4g} s): dropping it wins"
             )
-        if row["delta"] == -1 and ev.result is not None and ev.iteration_s <= chosen.iteration_s * (1 + 1e-9):
-            notes.append(f"dropping a {kind} node is no slower ({chosen.iteration_s:.4g} s -> {ev.iteration_s:.4g} s)")
+        if row["delta"] == -1 and ev.result is not None and ev.iteration_s <= here * (1 + 1e-9):
+            notes.append(f"dropping a {kind} node is no slower ({here:.4g} s -> {ev.iteration_s:.4g} s)")
     if chosen.result is not None and chosen.used_devices < chosen.devices:
         notes.append(f"the chosen plan leaves {chosen.devices - chosen.used_devices} of {chosen.devices} devices idle")
     if result.space.laddered:

@@ -87,10 +87,12 @@ def what_if_summary(result: WhatIfResult, *, run_samples: int | None = None) -> 
             entry["no_plan"] = ev.reason
         else:
             entry["iteration_s"] = round(ev.iteration_s, 9)
-            entry["speedup"] = round(base.iteration_s / ev.iteration_s, 6)
+            # against the chosen candidate's own plan: planned as the neighbour was (not in full)
+            entry["speedup"] = round(base.compared_s / ev.iteration_s, 6)
             if ev.price_per_hour is not None and base.price_per_hour is not None:
                 entry["usd_per_hour"] = round(ev.price_per_hour - base.price_per_hour, 9)
-                entry["usd_per_step"] = round(ev.usd_per_step - base.usd_per_step, 9)
+                base_step = base.price_per_hour * base.compared_s / 3600.0
+                entry["usd_per_step"] = round(ev.usd_per_step - base_step, 9)
         marginals.append(entry)
     return {
         "objective": obj.name,

@@ -347,7 +347,16 @@ def test_unknown_key_suggests_the_close_one() -> None:
 
 def test_families_declare_cli_defaults_and_help() -> None:
     assert set(FAMILIES) == {"gpt", "bert", "resnet", "vgg", "mlp"}
-    assert set(FAMILIES["gpt"].defaults) == {"layers", "hidden", "heads", "seq", "vocab", "attention", "dropout"}
+    assert set(FAMILIES["gpt"].defaults) == {
+        "layers",
+        "hidden",
+        "heads",
+        "seq",
+        "vocab",
+        "attention",
+        "dropout",
+        "head",
+    }
     assert set(FAMILIES["resnet"].defaults) == {"depth", "image_size", "classes"}
     assert set(FAMILIES["vgg"].defaults) == {"depth", "image_size", "classes"}
     assert set(FAMILIES["mlp"].defaults) == {"layers", "width", "input", "classes"}

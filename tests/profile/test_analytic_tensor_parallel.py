@@ -21,22 +21,10 @@ def _profile(config=SMALL, dtype="fp16", **kwargs):
     return analytic_profile("gpt", config, devices=devices, dtype=dtype, **kwargs)
 
 
-def test_degrees_divide_heads_and_ffn_and_replicate_embedding_and_head() -> None:
+def test_degrees_divide_heads_and_ffn() -> None:
     profile = _profile()
     for i in range(len(profile.blocks)):
         assert profile.tp_degrees(i) == (1, 2, 4)  # 4 heads: degree 8 would split a head
-    for i in (0, len(profile.blocks) - 1):  # embedding, head: whole on every member, no all-reduce
-        block = profile.blocks[i]
-        for t in (2, 4):
-            shard = block.shard(t)
-            assert (shard.params, shard.param_bytes, shard.activation_bytes) == (
-                block.params,
-                block.param_bytes,
-                block.activation_bytes,
-            )
-            assert shard.allreduce_bytes == 0.0
-            a100 = load_catalog().get("A100-40GB")
-            assert profile.block_time(i, a100, 4, t) == profile.block_time(i, a100, 4)
     three = _profile(tp_degrees=(1, 3))
     assert all(three.tp_degrees(i) == (1,) for i in range(len(three.blocks)))
     with pytest.raises(HetplanError, match="tensor-parallel degrees"):

@@ -194,3 +194,34 @@ def test_topk_residual_and_selection_buffers_match_the_run(tmp_path) -> None:
     pipelines = [Pipeline(4, (2, 2), (_stage(0, 3, f"n0/{2 * p}"), _stage(3, 6, f"n0/{2 * p + 1}"))) for p in range(2)]
     plan = Plan(8, pipelines, optimizer="adam", sync="topk", sync_options={"ratio": 0.01})
     _assert_close(_run(tmp_path, profile, plan), "topk 1%")
+
+
+# each sync mode's buffers: two pipelines of two one-device stages, each stage shared across the two
+# pipelines (a gradient group of 2 under allreduce, top-k and Adasum; WSP and SDPipe exchange per
+# device with the central process or the partner pipeline's counterpart)
+SYNC_CASES = {
+    "allreduce": {"optimizer": "adam", "sync": "allreduce"},
+    "adasum-sgd": {"optimizer": "sgd", "sync": "adasum"},
+    "adasum-adam": {"optimizer": "adam", "sync": "adasum"},
+    "wsp": {"optimizer": "adam", "sync": "wsp", "sync_options": {"staleness": 0, "wave": 1}},
+    "wsp-wave": {"optimizer": "adam", "sync": "wsp", "sync_options": {"staleness": 0, "wave": 2}},
+    "sdpipe": {"optimizer": "adam", "sync": "sdpipe"},
+}
+
+
+@pytest.fixture(scope="module")
+def sync_profile():
+    from hetplan.profile.measure import measure_profile
+
+    return measure_profile(ZERO_MODEL, micro_batches=(1, 2), warmup=1, repeat=1)
+
+
+@pytest.mark.parametrize("case", sorted(SYNC_CASES))
+def test_each_sync_modes_buffers_match_the_run(tmp_path, sync_profile, case: str) -> None:
+    """The walk's sync_buffers per mode against every rank's allocator peak of step 2 (under
+    ``wsp-wave`` a wave's second step: the wave's sum is kept from the first). Own waves (WSP with
+    ``staleness > 0``) are not run here: how many a device holds depends on timing, the walk prices
+    the bound (tests/simulate/test_sync_memory.py)."""
+    pipelines = [Pipeline(4, (2, 2), (_stage(0, 3, f"n0/{2 * p}"), _stage(3, 6, f"n0/{2 * p + 1}"))) for p in range(2)]
+    plan = Plan(8, pipelines, **SYNC_CASES[case])
+    _assert_close(_run(tmp_path, sync_profile, plan), case)

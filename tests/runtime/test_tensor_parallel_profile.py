@@ -36,10 +36,15 @@ def test_blocks_are_measured_at_degrees_2_and_4_with_the_runtime_shards(tmp_path
             assert data.allreduce_bytes == S * H * 4  # the block's output, fp32, per sample
             assert 0 < data.activation_bytes < block.activation_bytes
             assert set(data.times["cpu"]) == {1, 2} and data.times["cpu"][2].fwd > 0
-        for block in (embedding, head):  # replicated in the group: the degree-1 figures, no all-reduce
-            data = block.tensor_parallel[t]
-            assert (data.params, data.allreduce_bytes) == (block.params, 0.0)
-            assert data.times == block.times
+        # vocabulary-parallel (the runtime's default cut): ceil(V/t) rows of the token table and head
+        rows = -(-31 // t)
+        assert embedding.tensor_parallel[t].params == rows * H + S * H  # position table whole
+        assert embedding.tensor_parallel[t].allreduce_bytes == S * H * 4 / 2  # the output, forward only
+        assert head.tensor_parallel[t].params == rows * H + 2 * H  # final LayerNorm whole
+        # backward: the input gradient; forward: max, target logit, sum of exponentials per token
+        assert head.tensor_parallel[t].allreduce_bytes == (S * H * 4 + 3 * 4 * S) / 2
+        assert 0 < head.tensor_parallel[t].activation_bytes < head.activation_bytes
+        assert head.tensor_parallel[t].times["cpu"][2].fwd > 0
     assert attn.selective_bytes > attn.tensor_parallel[2].selective_bytes > attn.tensor_parallel[4].selective_bytes > 0
     assert mlp.selective_bytes == 0.0
     profile.save(tmp_path / "p.yaml")

@@ -177,7 +177,9 @@ def test_a_7b_gpt_plans_on_a100_40_v100() -> None:
     seconds = time.perf_counter() - start
     # 10 s is the target on an idle machine (docs/benchmarks.md measures it); the suite runs loaded
     assert seconds < 30, f"planning took {seconds:.1f} s"
-    used = {s.recompute for p in result.plan.pipelines for s in p.stages}
-    assert used - {"none"}, "a 7B model at sequence 4096 does not fit these GPUs without recomputation"
+    # every device within its memory by the walk (with vocabulary-parallel head and embedding at
+    # TP > 1 the plan fits without recomputation: the logits are 1/t on each member)
+    over = {name: d.memory.total for name, d in result.sim.devices.items() if not d.memory.fits}
+    assert not over, over
     assert np.isfinite(result.sim.iteration_s)
     assert result.explanations["stages"] and result.explanations["zero"]["why"]

@@ -165,7 +165,10 @@ def analytic_profile(
         "efficiency": _efficiency_note(devices, dtype, efficiency),
         "flops": "2 per multiply-add; matmuls and convolutions only",
         "devices": {d.name: d.label() for d in devices},
-        "tensor_parallel": "Megatron-style layers, no sequence parallelism; embedding and head replicated in the group",
+        "tensor_parallel": (
+            "Megatron-style layers, no sequence parallelism; the GPT's embedding and head vocabulary-parallel, "
+            "other families' replicated in the group"
+        ),
     }
     return ModelProfile(
         model={"family": fam.name, "config": full},

@@ -14,6 +14,19 @@ table has ``seq`` rows (the model is built for the context it trains at).
 The head returns the logits (s·V·d bytes per sample); the cross-entropy's saved log-softmax
 (s·V·4: the loss runs in fp32 whatever the dtype, under autocast for fp16/bf16) is counted in the
 head's activation bytes, since the loss runs on the same device.
+
+At tensor-parallel degree t the embedding and head are **vocabulary-parallel** (Megatron-LM,
+Shoeybi et al. 2019 section 3; the runtime's :mod:`hetplan.models.gpt_tp`): each member keeps
+``n = ceil(V/t)`` rows of the token table and of the LM head (the table padded to n·t rows), so
+its parameters are n·h + seq·h (embedding) and 2h + n·h (head), its logits s·n·d and the loss's
+saved softmax s·n·4, and the head's GEMM and log-softmax do 1/t of the work. The embedding
+all-reduces its output in forward (s·h·d), the head its input gradient in backward (s·h·d) and the
+loss three row statistics (max, target logit, sum of exponentials: 3·s·4 bytes); each runs in one
+pass, so ``allreduce_bytes`` (priced in both passes by the cost model) is half of it.
+
+``head: tied`` is priced as untied: each rank holding an end of the tied table keeps its own copy
+(:mod:`hetplan.runtime.parallel.tied`), so the head's V·h (or n·h) is counted on the head's stage; a
+stage holding both ends holds one, over-counted by that much.
 """
 
 from __future__ import annotations
@@ -25,17 +38,35 @@ from hetplan.profile.analytic.transformer import attention_block, layer_blocks_a
 #: The loss runs in fp32 (autocast keeps cross-entropy in fp32 for fp16 and bf16 training).
 FP32 = 4
 
-__all__ = ["DEFAULTS", "HELP", "blocks", "blocks_at", "check", "embedding_block", "input_bytes", "lm_head_block"]
+__all__ = [
+    "DEFAULTS",
+    "HELP",
+    "blocks",
+    "blocks_at",
+    "check",
+    "embedding_block",
+    "input_bytes",
+    "lm_head_block",
+    "vocab_rows",
+]
 
 #: Token ids are int64.
 TOKEN_ID_BYTES = 8
 
 
-def embedding_block(*, seq: int, hidden: int, vocab: int, positions: int, d: int, dropout: bool = True) -> BlockCost:
+def vocab_rows(vocab: int, tp: int) -> int:
+    """Rows of the token table and LM head one member of a degree-``tp`` group keeps (padded)."""
+    return -(-vocab // tp)
+
+
+def embedding_block(
+    *, seq: int, hidden: int, vocab: int, positions: int, d: int, dropout: bool = True, tp: int = 1
+) -> BlockCost:
     """Token and position lookups, their sum and dropout (GPT-2 layout, no LayerNorm); without
-    dropout it keeps nothing for backward (a lookup needs only the ids)."""
+    dropout it keeps nothing for backward (a lookup needs only the ids). At ``tp`` > 1 one member's
+    vocabulary-parallel share: its rows of the token table, the output all-reduced."""
     s, h = seq, hidden
-    params = vocab * h + positions * h
+    params = vocab_rows(vocab, tp) * h + positions * h
     traffic = s * TOKEN_ID_BYTES + 5 * s * h * d + s * h
     return BlockCost(
         name="embedding",
@@ -53,13 +84,15 @@ def embedding_block(*, seq: int, hidden: int, vocab: int, positions: int, d: int
         # backward fills a dense gradient for both tables and accumulates into .grad
         bwd_weight_traffic=float(2 * params * d),
         parts=(memory_work(traffic, 4, bwd_weight_traffic=float(2 * params * d)),),
+        allreduce_bytes=s * h * d / 2.0 if tp > 1 else 0.0,  # the output, in forward only
     )
 
 
-def lm_head_block(*, seq: int, hidden: int, vocab: int, d: int) -> BlockCost:
+def lm_head_block(*, seq: int, hidden: int, vocab: int, d: int, tp: int = 1) -> BlockCost:
     """Final LayerNorm + untied LM head (no bias); returns logits. The loss's log-softmax runs on
-    the same device, so its pass over the logits is counted here too."""
-    s, h, v = seq, hidden, vocab
+    the same device, so its pass over the logits is counted here too. At ``tp`` > 1 one member's
+    vocabulary-parallel share: its rows of the head, its slice of the logits and of the loss."""
+    s, h, v = seq, hidden, vocab_rows(vocab, tp)
     params = 2 * h + v * h
     parts = (
         memory_work(d * 2 * s * h, 1, weight_traffic=d * 2 * h),  # LayerNorm read + write
@@ -83,6 +116,8 @@ def lm_head_block(*, seq: int, hidden: int, vocab: int, d: int) -> BlockCost:
         work_items=float(s),
         kernels=3,
         parts=parts,
+        # the input gradient (backward) and the loss's row statistics (forward), one pass each
+        allreduce_bytes=(s * h * d + 3 * s * FP32) / 2.0 if tp > 1 else 0.0,
     )
 
 
@@ -109,6 +144,14 @@ def input_bytes(config: dict[str, int], dtype: str) -> float:
 
 
 def blocks_at(config: dict[str, int], dtype: str, tp: int) -> list[BlockCost | None]:
-    """One device's costs of each block at degree ``tp`` (the shared transformer rule; the
-    embedding and head replicated in the group)."""
-    return layer_blocks_at(config, dtype, tp, whole=blocks(config, dtype))
+    """One device's costs of each block at degree ``tp``: the layers by the shared transformer
+    rule, the embedding and head vocabulary-parallel (as the runtime cuts them by default)."""
+    out = layer_blocks_at(config, dtype, tp, whole=blocks(config, dtype))
+    if out[0] is None:
+        return out
+    d = dtype_bytes(dtype)
+    s, h, v = config["seq"], config["hidden"], config["vocab"]
+    dropout = config["dropout"] == "on"
+    out[0] = embedding_block(seq=s, hidden=h, vocab=v, positions=s, d=d, dropout=dropout, tp=tp)
+    out[-1] = lm_head_block(seq=s, hidden=h, vocab=v, d=d, tp=tp)
+    return out

@@ -193,10 +193,9 @@ def layer_blocks_at(config: dict[str, int], dtype: str, tp: int, *, whole: list[
     """One device's costs of each block of an embedding + layers + head transformer (gpt, bert) at
     tensor-parallel degree ``tp`` (None: not split). The layers split Megatron-style; the embedding
     and the head (``whole``'s first and last, the degree-1 costs) are **replicated** in the group:
-    every member holds and computes them whole, no all-reduce, exactly as the runtime runs them
-    (:mod:`hetplan.models.gpt_tp`) and as a measured profile records them (no vocabulary-parallel
-    split: its memory saving is not priced). So a stage of any degree may hold them. All None where
-    ``tp`` does not divide heads and the MLP."""
+    every member holds and computes them whole, no all-reduce (BERT's, as the runtime runs them;
+    the GPT family replaces them with its vocabulary-parallel ones, :func:`hetplan.profile.analytic.gpt.blocks_at`).
+    So a stage of any degree may hold them. All None where ``tp`` does not divide heads and the MLP."""
     d = dtype_bytes(dtype)
     s, h, a = config["seq"], config["hidden"], config["heads"]
     n_blocks = 2 * config["layers"] + 2

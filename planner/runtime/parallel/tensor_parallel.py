@@ -7,7 +7,9 @@ Every rank creates every group (``torch.distributed.new_group`` must be called b
 same order: here pipelines, stages and replicas in plan order), and keeps its own. The member's
 shard is its place in the plan's replica (``DeviceProgram.tp_rank``), which is also the gradient
 group it all-reduces with (the k-th members of every holder replica,
-:func:`hetplan.schedule.compile.gradient_groups`).
+:func:`hetplan.schedule.compile.gradient_groups`). The stage's ``vocab_parallel`` (on unless the plan
+says ``false``) makes the zoo GPT's embedding and head vocabulary-parallel in the group
+(:class:`~hetplan.models.gpt_tp.VocabParallelEmbedding`, :class:`~hetplan.models.gpt_tp.VocabParallelHead`).
 
 Boundary tensors arrive split (:mod:`hetplan.schedule.boundary`): each member receives its chunk of
 the flattened buffer and :func:`gather_boundary` all-gathers the rest from the group, padding the
@@ -38,7 +40,7 @@ def tensor_parallel_group(plan: Plan, rank_of: dict[str, int], address: str) -> 
                 if address in replica:
                     shard_of = {rank_of[a]: k for k, a in enumerate(replica)}
                     order = tuple(shard_of[r] for r in ranks)
-                    mine = TpGroup(pg, len(replica), replica.index(address), order)
+                    mine = TpGroup(pg, len(replica), replica.index(address), order, vocab=s.vocab_parallel)
     return mine
 
 

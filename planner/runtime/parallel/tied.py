@@ -16,8 +16,14 @@ count a replica's contribution to the other block's group twice). Every holder t
 value from the same gradient: the copies stay identical, as Megatron keeps its first and last
 stage's word embeddings. The gradient norm counts the parameter on the lowest rank of its holders.
 
-Not combined with tensor parallelism, ZeRO-1, or the sync modes that do not sum gradients (top-k,
-Adasum, wsp, sdpipe): such plans are refused with one line (:func:`check_tied_plan`).
+Tensor parallelism (the zoo GPT's ``head: tied``): every holder must hold the group's blocks at one
+degree and cut them alike (``vocab_parallel``), so member ``k`` of the embedding's group and member
+``k`` of the head's hold the same rows of the table (:class:`~hetplan.models.gpt_tp.VocabShardSpec`);
+the gradient is summed per shard, over the holders at place ``k`` (one process group per shard, as
+the gradient groups are), and a replicated (uncut) copy is counted in the norm by shard 0 only. Not
+combined with ZeRO-1, the sync modes that do not sum gradients (top-k, Adasum, wsp, sdpipe), or the
+tensor parallelism of other models (their plans cut layers, not tied tables): such plans are refused
+with one line (:func:`check_tied_plan`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from torch import nn
 from hetplan.contracts.plan import Plan
 from hetplan.errors import HetplanError
 from hetplan.models.base import ZooModel
+from hetplan.models.gpt_tp import shard_specs
 from hetplan.runtime.comm import wait
 from hetplan.schedule.compile import CompiledPlan
 
@@ -50,11 +57,28 @@ def check_tied_plan(zoo: ZooModel, plan: Plan) -> None:
             f"the model ties parameters ({tied}); sync {plan.sync} does not sum their gradients, use allreduce",
             field="sync",
         )
-    if any(s.tensor_parallel > 1 for p in plan.pipelines for s in p.stages):
+    if not any(s.tensor_parallel > 1 for p in plan.pipelines for s in p.stages):
+        return
+    if "family" not in zoo.model:
         raise HetplanError(
             f"the model ties parameters ({tied}); tensor parallelism does not support that yet",
             field="tensor_parallel",
         )
+    for group in zoo.tied_parameters():
+        members = {b for b, _ in group}
+        cuts = {
+            (s.tensor_parallel, s.vocab_parallel or s.tensor_parallel == 1)
+            for p in plan.pipelines
+            for s in p.stages
+            if any(s.start <= b < s.end for b in members)
+        }
+        if len(cuts) > 1:
+            seen = ", ".join(f"tensor_parallel {t}" + ("" if v else " (vocab_parallel false)") for t, v in sorted(cuts))
+            raise HetplanError(
+                f"the model ties {names[group[0][0]]}/{group[0][1]} to {names[group[-1][0]]}/{group[-1][1]}, "
+                f"held at {seen}: every holder of a tied parameter needs one degree and one cut",
+                field="pipelines[].stages[].tensor_parallel",
+            )
 
 
 @dataclass
@@ -80,19 +104,23 @@ class TiedParams:
         address: str,
         blocks: dict[int, nn.Module],
     ) -> TiedParams:
-        """Every rank calls this in the same place: it creates one process group per tied group held
-        by more than one rank (``new_group`` is collective over the job), in group order."""
+        """Every rank calls this in the same place: it creates one process group per tied group and
+        shard place held by more than one rank (``new_group`` is collective over the job), in group
+        order, then place order."""
         out = []
+        place = compiled.programs[address].tp_rank
         for group in zoo.tied_parameters():
             members = {b for b, _ in group}
-            holders = sorted(
-                rank_of[a] for a, prog in compiled.programs.items() if any(prog.start <= b < prog.end for b in members)
-            )
-            pg = dist.new_group(holders) if len(holders) > 1 else None
+            held_by = {a: p for a, p in compiled.programs.items() if any(p.start <= b < p.end for b in members)}
             mine = [blocks[b].get_parameter(name) for b, name in group if b in blocks]
-            if mine:
-                unique = list({id(p): p for p in mine}.values())
-                out.append(_Group(unique, pg, rank_of[address] == holders[0]))
+            cut = any(name in shard_specs(blocks[b]) for b, name in group if b in blocks)
+            # one group per shard place k: the k-th members of every holder (all of them at degree 1)
+            for k in sorted({p.tp_rank for p in held_by.values()}):
+                holders = sorted(rank_of[a] for a, p in held_by.items() if p.tp_rank == k)
+                pg = dist.new_group(holders) if len(holders) > 1 else None
+                if mine and k == place:
+                    unique = list({id(p): p for p in mine}.values())
+                    out.append(_Group(unique, pg, rank_of[address] == holders[0] and (cut or k == 0)))
         return cls(out)
 
     def owns(self, p: torch.Tensor) -> bool:

@@ -8,8 +8,9 @@ The launcher (:mod:`hetplan.runtime.launcher`) polls one of these while the rank
 run under ``nohup``, SLURM or a CI log prints one line per step (``hetplan launch --log-every N``)
 and a terminal's progress bar shows the same figures. A step is reported once every rank has logged
 it: its time is the slowest rank's iteration (a step lasts that long, as the summary and ``hetplan
-report`` count it), its loss rank 0's (the job's mean loss, the same on every rank of an
-all-reduce run), its rate the global batch over that time.
+report`` count it), its loss the global batch's mean (rank 0's under the all-reduce modes, the same
+on every rank; under wsp and sdpipe, where each rank logs its pipeline's ``pipeline_loss``, the
+pipelines' sample-weighted mean, as the merged run log has it), its rate the global batch over that time.
 
 Each rank appends one JSON line per step and flushes it; a line read half-written is left for the
 next look, so nothing is parsed twice or torn.
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hetplan.contracts.runlog import global_batch_losses
+
 __all__ = ["StepLine", "StepWatcher"]
 
 
@@ -33,7 +36,7 @@ class StepLine:
     step: int  #: the step's index (0-based; a resumed run continues the count)
     done: int  #: steps this run has finished, this one included
     steps: int  #: steps this run was asked for
-    loss: float | None  #: rank 0's loss (None on a step whose loss was not finite)
+    loss: float | None  #: the global batch's mean loss (None on a step whose loss was not finite)
     step_s: float  #: the slowest rank's iteration time
     samples_per_s: float  #: global batch / step_s
     nonfinite: str | None = None  #: what was not finite ("nan", "inf", "gradient"), the update skipped
@@ -97,6 +100,11 @@ class StepWatcher:
             by_rank = self.pending.pop(step)
             step_s = max(float(r["iteration_s"]) for r in by_rank.values())
             loss = by_rank[0].get("loss")
+            if loss is None and by_rank[0].get("pipeline_loss") is not None:  # wsp, sdpipe
+                lines_of_step = (
+                    (step, r["pipeline"], r.get("pipeline_loss"), r.get("pipeline_batch")) for r in by_rank.values()
+                )
+                loss = global_batch_losses(lines_of_step, global_batch=self.global_batch).get(step)
             nonfinite = by_rank[0].get("nonfinite")
             self.done += 1
             self.skipped += 1 if nonfinite else 0

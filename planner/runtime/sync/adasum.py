@@ -53,10 +53,21 @@ import torch.distributed as dist
 
 from hetplan.runtime.comm import wait
 
-__all__ = ["AdasumDeltas", "AdasumTree", "adasum_pair", "adasum_tree", "pair_coefficients", "weighted_adasum_tree"]
+__all__ = [
+    "DOT_CHUNK",
+    "AdasumDeltas",
+    "AdasumTree",
+    "adasum_pair",
+    "adasum_tree",
+    "pair_coefficients",
+    "weighted_adasum_tree",
+]
 
 #: the tag of Adasum's point-to-point messages (apart from the pipeline transfers and the schedulers')
 TAG = (1 << 20) + 3
+#: Elements per chunk of the float64 dot products (their workspace: 12 bytes an element of a chunk;
+#: priced by the memory walk, ``hetplan.simulate.memory.ADASUM_DOT_CHUNK``, which must equal it)
+DOT_CHUNK = 1 << 16
 
 
 def pair_coefficients(
@@ -72,14 +83,19 @@ def pair_coefficients(
 
 
 def _dots(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]:
-    """``a.b, |a|^2, |b|^2`` accumulated in float64 (as Horovod does for float32) without a float64 copy."""
+    """``a.b, |a|^2, |b|^2`` accumulated in float64 (as Horovod does for float32), over chunks of
+    :data:`DOT_CHUNK` elements: a product and its float64 copy (``sum(dtype=float64)`` casts before
+    it adds) exist for one chunk at a time, ``12 x min(numel, DOT_CHUNK)`` bytes, never for a whole
+    tensor (an embedding's would be 3x its size)."""
     a, b = a.reshape(-1), b.reshape(-1)
     f64 = torch.float64
-    return (
-        float(torch.mul(a, b).sum(dtype=f64)),
-        float(torch.mul(a, a).sum(dtype=f64)),
-        float(torch.mul(b, b).sum(dtype=f64)),
-    )
+    dot = la = lb = 0.0
+    for lo in range(0, a.numel(), DOT_CHUNK):
+        x, y = a[lo : lo + DOT_CHUNK], b[lo : lo + DOT_CHUNK]
+        dot += float(torch.mul(x, y).sum(dtype=f64))
+        la += float(torch.mul(x, x).sum(dtype=f64))
+        lb += float(torch.mul(y, y).sum(dtype=f64))
+    return dot, la, lb
 
 
 def combine_into(

@@ -113,6 +113,10 @@ class TopKSync:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.compressor.load_state_dict(state)
 
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The residuals kept from step to step, where they live (for memory accounting)."""
+        return list(self.compressor.residual.values())
+
     def step_done(self, *, skipped: bool) -> None:
         """After ``OPT``: a step skipped everywhere (an overflow) gives every residual back."""
         if skipped:

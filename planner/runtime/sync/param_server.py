@@ -164,8 +164,8 @@ class ParamServer:
             offset += n
             if name in sums:
                 sums[name] += part
-            else:
-                sums[name] = part.clone()
+            else:  # the payload was received for this push alone: its views are the sum, no copy
+                sums[name] = part
         self._pushed.setdefault(clock, set()).add(rank)
         self._latest_push[rank] = clock
         self.log.pushes.append((rank, clock))
@@ -183,7 +183,7 @@ class ParamServer:
             grads = [sums[name] for name in self.params if name in sums]
             factor = self.before_step(grads) if self.before_step else 1.0
             for name, p in self.params.items():
-                p.grad = sums[name] * factor if name in sums else None
+                p.grad = sums[name].mul_(factor) if name in sums else None  # the clock's own buffer
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.log.steps.append(self.version)
@@ -240,12 +240,13 @@ class PsClient:
         self._header(PUSH, clock, int(overflow))
         dist.send(to_host(flat_grad), dst=self.server, tag=TAG)
 
-    def pull(self, min_version: int) -> Pulled:
-        """The newest weights of at least ``min_version`` (a CPU tensor: the caller copies it to its device)."""
+    def pull(self, min_version: int, *, out: torch.Tensor | None = None) -> Pulled:
+        """The newest weights of at least ``min_version`` (a CPU tensor: the caller copies it to its
+        device); ``out``: a contiguous fp32 CPU buffer of ``numel`` to receive them in (no new one)."""
         self._header(PULL, max(0, min_version))
         reply = torch.zeros(HEADER, dtype=torch.int64)
         dist.recv(reply, src=self.server, tag=TAG)
-        flat = torch.empty(self.numel, dtype=torch.float32)
+        flat = out if out is not None else torch.empty(self.numel, dtype=torch.float32)
         dist.recv(flat, src=self.server, tag=TAG)
         self.total_numel = int(reply[1])
         return Pulled(int(reply[0]), flat, int(reply[2]))

@@ -21,11 +21,12 @@ on arrival. With ``wave = 1, staleness = 0`` the pulled version holds every earl
 nothing is added back: synchronous training, step for step, for any optimizer.
 
 Where the state lives: the optimizer and its state on the server (one copy, fp32, checkpointed
-there); on the device its weights (and fp32 master under fp16/bf16), the wave's gradient sum, the
-current wave's local update, and the local updates of at most ``D`` pushed waves not yet pulled
-back (all flat fp32 of the device's parameters). A step whose gradient overflowed in the device's
-pipeline (fp16) is left out of the sum and of the local update, and the push says so: the server
-then skips the clock for everyone (:class:`~hetplan.runtime.sync.param_server.ParamServer`).
+there); on the device its weights (and fp32 master under fp16/bf16), the wave's gradient sum and,
+under ``D > 0`` only, the current wave's local update and the local updates of at most ``D`` pushed
+waves not yet pulled back (all flat fp32 of the device's parameters; ``D = 0`` never adds one back).
+A step whose gradient overflowed in the device's pipeline (fp16) is left out of the sum and of the
+local update, and the push says so: the server then skips the clock for everyone
+(:class:`~hetplan.runtime.sync.param_server.ParamServer`).
 
 **SDPipe**: the device's pipeline has stepped its own optimizer; the device tells the group
 scheduler it is ready (:mod:`hetplan.runtime.sync.group_scheduler`), learns the round's group, and swaps
@@ -48,10 +49,14 @@ from hetplan.runtime.device.pacing import CENTRAL, LinkPacer
 from hetplan.runtime.sync.group_scheduler import GroupClient
 from hetplan.runtime.sync.param_server import PsClient, to_host
 
-__all__ = ["AVERAGE_TAG", "GroupAverage", "WaveSync"]
+__all__ = ["AVERAGE_CHUNK", "AVERAGE_TAG", "GroupAverage", "WaveSync"]
 
 #: The tag of the group averaging's weight exchange (apart from transfers and the central roles').
 AVERAGE_TAG = (1 << 20) + 2
+#: Elements per chunk of the group average, summed in float64 (16 bytes an element of a chunk: the
+#: sum and one member's float64 copy); the memory walk prices it
+#: (``hetplan.simulate.memory.AVERAGE_CHUNK``, which must equal it)
+AVERAGE_CHUNK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -84,18 +89,28 @@ class WaveSync:
         return self.client.pull(0).flat
 
     def after_step(
-        self, step: int, weights: torch.Tensor, grad: torch.Tensor | None, *, lr: float, to_mean: float
+        self,
+        step: int,
+        weights: torch.Tensor,
+        grad: torch.Tensor | None,
+        *,
+        lr: float,
+        to_mean: float,
+        donate: bool = False,
     ) -> WaveStep:
         """After step ``step``'s backward: ``weights`` are the device's flat fp32 weights, ``grad`` its
-        unscaled gradient (weighted as for the all-reduce) or None if the step overflowed."""
+        unscaled gradient (weighted as for the all-reduce) or None if the step overflowed.
+
+        ``donate``: the caller hands both buffers over (fresh flat copies it does not read again):
+        the local update goes into ``weights`` in place, a wave's first gradient becomes the wave's
+        sum without a copy, and a pull lands in ``weights``. The device then holds, beside its model,
+        the two flat buffers, the wave's earlier sum (``wave > 1``), the wave's local update and at
+        most ``D`` own waves (``staleness D > 0``): what the memory walk prices
+        (``hetplan.simulate.memory.sync_buffers``)."""
         if grad is None:
             self._overflow = True
         else:
-            g = grad.detach().float()
-            self._sum = g.clone() if self._sum is None else self._sum.add_(g)
-            update = g * (-lr * to_mean)
-            self._local = update.clone() if self._local is None else self._local.add_(update)
-            weights = weights + update
+            weights = self._accumulate(weights if donate else weights.clone(), grad, -lr * to_mean, donate=donate)
         if (step + 1) % self.wave:
             return WaveStep(weights)
         clock = step // self.wave
@@ -107,9 +122,18 @@ class WaveSync:
         if self._overflow:
             self._flagged.add(clock)
         self._sum, self._local, self._overflow = None, None, False
-        reply = self.client.pull(clock + 1 - self.staleness)
+        min_version = clock + 1 - self.staleness
+        for c in [c for c in self._own if c < min_version]:  # the pull will hold them: drop them now
+            del self._own[c]
+        # donated: the pulled weights land in the caller's buffer (received there on the host, copied
+        # there from the host buffer on a GPU): no second copy of them on the device
+        into = weights if donate and weights.device.type == "cpu" else None
+        reply = self.client.pull(min_version) if into is None else self.client.pull(min_version, out=into)
         version = reply.version
-        flat = reply.flat.to(weights.device)
+        if donate:
+            flat = weights if reply.flat is weights else weights.copy_(reply.flat)
+        else:
+            flat = reply.flat.to(weights.device)
         for c in sorted(self._own):  # the pulled version holds clocks < version; add back the later ones
             if c < version:
                 del self._own[c]
@@ -125,6 +149,27 @@ class WaveSync:
             {"clock": clock, "version": version, "waves_ahead": clock + 1 - version, "own_waves": len(self._own)}
         )
         return WaveStep(flat, pulled=True, skipped=newly > 0, backoff=backoff)
+
+    def _accumulate(self, weights: torch.Tensor, grad: torch.Tensor, alpha: float, *, donate: bool) -> torch.Tensor:
+        """The local update ``weights += alpha g`` (in place; returns ``weights``), ``g`` added to the
+        wave's sum and, where a pull may lack this wave (``staleness > 0``), to the wave's local
+        update. Under ``staleness 0`` a pull always holds every earlier wave, so the local update is
+        never added back and not kept."""
+        g = grad.detach().float()
+        weights.add_(g, alpha=alpha)
+        if self.staleness > 0:
+            self._local = g * alpha if self._local is None else self._local.add_(g, alpha=alpha)
+        if self._sum is None:
+            self._sum = g if donate else g.clone()
+        else:
+            self._sum.add_(g)
+        return weights
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """What this keeps from step to step (for memory accounting): the wave's sum and local
+        update while a wave runs, and the own waves not yet pulled back."""
+        kept = [t for t in (self._sum, self._local) if t is not None]
+        return kept + list(self._own.values())
 
     def stop(self) -> None:
         self.client.stop()
@@ -168,9 +213,15 @@ class GroupAverage:
             self.pacer.pad(posted, self.swap_floor(others, 4 * mine.numel()))
         received[self.pipeline] = mine
         total = sum(self.batches[q] for q in group)
-        out = torch.zeros_like(mine, dtype=torch.float64)
-        for q in group:  # ascending pipeline order on every member
-            out += received[q].double() * (self.batches[q] / total)
+        # the average goes into a buffer a partner's weights came in, chunk by chunk once the chunk
+        # is summed: no output buffer beside the received ones, no whole-vector float64 copy
+        out = received[others[0]]
+        for lo in range(0, mine.numel(), AVERAGE_CHUNK):
+            hi = lo + AVERAGE_CHUNK
+            acc = torch.zeros(min(hi, mine.numel()) - lo, dtype=torch.float64)
+            for q in group:  # ascending pipeline order on every member: the same bits on each
+                acc.add_(received[q][lo:hi].double().mul_(self.batches[q] / total))
+            out[lo:hi].copy_(acc)
         return out.to(device=flat_weights.device, dtype=torch.float32)
 
     def swap_floor(self, others: list[int], nbytes: float) -> float:
