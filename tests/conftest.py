@@ -16,33 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HETPLAN_RANK_START", "forkserver")
 sys.path.insert(0, str(ROOT / "tests"))
 
-#: What a test module's source says when its tests start processes of their own: ranks (a launch,
-#: torchrun, a process group over spawned processes) or a script that starts them.
-STARTS_PROCESSES = (
-    "launch_local",
-    "hetplan.runtime.launcher",
-    '"launch"',
-    "init_process_group",
-    "torchrun",
-    "subprocess",
-)
-#: pytest-xdist's group for those modules' tests: under ``-n 2 --dist loadgroup`` (the README's test
-#: command) they run one after another on one worker, as without xdist, while the other worker takes
-#: the single-process tests. Two launches at once would put 8 to 16 ranks on 2 cores, and ranks with
-#: short timeouts would then time out.
-PROCESS_GROUP = "starts-processes"
-
-
-def _starts_processes(path: Path, cache: dict[Path, bool] = {}) -> bool:  # noqa: B006 (a cache per run)
-    if path not in cache:
-        text = path.read_text(encoding="utf-8") if path.suffix == ".py" and path.is_file() else ""
-        cache[path] = any(token in text for token in STARTS_PROCESSES)
-    return cache[path]
-
-
-def process_scope(nodeid: str) -> str:
-    """xdist's work unit for a test: the group for a test that starts processes, else the test itself."""
-    return PROCESS_GROUP if _starts_processes(ROOT / nodeid.split("::", 1)[0]) else nodeid
+from suite_groups import process_scope  # noqa: E402 (tests/ is on sys.path from the line above)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own loadgroup scheduler

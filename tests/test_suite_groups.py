@@ -1,12 +1,12 @@
-"""The README's test command runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``)
-with every test that starts processes in one group, run by one worker (tests/conftest.py): two
+"""``pytest -n 2 --dist loadgroup`` runs the suite on two pytest-xdist workers with every test that
+starts processes in one group, run by one worker (tests/conftest.py, tests/suite_groups.py): two
 launches at once would share 2 cores between 8 to 16 ranks. These tests pin which files that group
 holds, and the work units the conftest's scheduler hands xdist."""
 
 from __future__ import annotations
 
 import pytest
-from conftest import PROCESS_GROUP, ROOT, _starts_processes, process_scope
+from suite_groups import PROCESS_GROUP, ROOT, _starts_processes, process_scope
 
 #: Files whose tests start ranks or other processes (launches, the CLI's launch, process groups of
 #: spawned processes, the GPU check's sections, torchrun itself).

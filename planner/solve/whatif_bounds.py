@@ -22,10 +22,9 @@ solved tightens the bound of every candidate still waiting.
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import linprog
 
 from hetplan.contracts.model_profile import ModelProfile
-from hetplan.errors import HetplanError
+from hetplan.solve.bounds import split_lp
 from hetplan.solve.tables import CostTables
 
 __all__ = ["CandidateBounds", "per_sample_times"]
@@ -60,31 +59,9 @@ class CandidateBounds:
 
     def _solve(self, n: np.ndarray) -> float:
         idx = [k for k in range(len(self.types)) if n[k] > 0]
-        work = self.work[idx]
-        n_types, n_blocks = work.shape
-        n_vars = n_types * n_blocks + 1  # y[k, b] flattened, then T
-        cost = np.zeros(n_vars)
-        cost[-1] = 1.0
-        a_eq = np.zeros((n_blocks, n_vars))
-        for k in range(n_types):
-            a_eq[np.arange(n_blocks), k * n_blocks + np.arange(n_blocks)] = 1.0
-        a_ub = np.zeros((n_types, n_vars))
-        for k in range(n_types):
-            a_ub[k, k * n_blocks : (k + 1) * n_blocks] = work[k]
-            a_ub[k, -1] = -n[idx[k]]
-        result = linprog(
-            cost,
-            A_ub=a_ub,
-            b_ub=np.zeros(n_types),
-            A_eq=a_eq,
-            b_eq=np.ones(n_blocks),
-            bounds=[(0, None)] * n_vars,
-            method="highs",
-        )
-        if result.status != 0:
-            raise HetplanError(f"the lower-bound LP failed: {result.message}", field="plan")
+        bound, marginals = split_lp(self.work[idx], n[idx])
         dual = np.zeros(len(self.types))
-        dual[idx] = np.maximum(0.0, -np.asarray(result.ineqlin.marginals))
+        dual[idx] = np.maximum(0.0, -marginals)
         if dual.sum() > 0:
             # types absent here get a price from the speed-proportional point, scaled to the same
             # total on the types present: any lam >= 0 is dual feasible, this one is rarely useless
@@ -92,7 +69,7 @@ class CandidateBounds:
             absent = [k for k in range(len(self.types)) if k not in idx]
             dual[absent] = speed[absent] * dual[idx].sum() / speed[idx].sum()
             self._duals.append(dual)
-        return float(result.x[-1])
+        return bound
 
     @staticmethod
     def groups(n: np.ndarray) -> list[tuple[np.ndarray, list[int]]]:
