@@ -9,8 +9,8 @@ the next loss of the uninterrupted run.
 from __future__ import annotations
 
 import pytest
-import torch
 from builders import make_cluster, zoo_profile
+from reference_checks import assert_run_equals_reference
 
 from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.contracts.rank_config import load_rank_config
@@ -57,15 +57,7 @@ def _check(tmp_path, plan: Plan, clip: float | None = None) -> list[dict]:
         clip_grad_norm=clip,
         history=history,
     )
-    records = [r for r in result.records if r["rank"] == 0]
-    assert [r["loss"] for r in records] == pytest.approx(losses, abs=1e-5)
-    # the global norm counts every parameter once (a replicated one on one member of its group only)
-    assert [r["grad_norm"] for r in records] == pytest.approx([h["grad_norm"] for h in history], rel=1e-5)
-    for i, block in enumerate(blocks):
-        saved = read_block(tmp_path / "ckpt", i).params
-        for name, value in block.state_dict().items():
-            torch.testing.assert_close(saved[name], value.detach(), atol=1e-5, rtol=0)
-    return records
+    return assert_run_equals_reference(result.records, losses, history, blocks, tmp_path / "ckpt")
 
 
 def test_the_rank_config_carries_tensor_parallel_recompute_and_zero(tmp_path) -> None:

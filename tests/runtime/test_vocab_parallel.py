@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from builders import make_cluster, zoo_profile
+from reference_checks import assert_run_equals_reference
 
 from hetplan.contracts import load_catalog
 from hetplan.contracts.fields import Fields
@@ -135,13 +136,7 @@ def test_a_tp2_run_trains_the_one_process_model_and_saves_the_full_tables(tmp_pa
     losses, blocks = train_reference(
         model, global_batch=6, optimizer="adam", lr=config["training"]["lr"], seed=7, steps=STEPS, history=history
     )
-    records = [r for r in result.records if r["rank"] == 0]
-    assert [r["loss"] for r in records] == pytest.approx(losses, abs=1e-5)
-    assert [r["grad_norm"] for r in records] == pytest.approx([h["grad_norm"] for h in history], rel=1e-5)
-    for i, block in enumerate(blocks):
-        saved = read_block(tmp_path / "ckpt", i).params
-        for name, value in block.state_dict().items():
-            torch.testing.assert_close(saved[name], value.detach(), atol=1e-5, rtol=0)
+    assert_run_equals_reference(result.records, losses, history, blocks, tmp_path / "ckpt")
     assert read_block(tmp_path / "ckpt", 0).params["tokens.weight"].shape == (31, 32)
     state, step, zoo = consolidated_state(tmp_path / "ckpt")
     assert step == STEPS
