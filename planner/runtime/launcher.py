@@ -59,6 +59,7 @@ from pathlib import Path
 from hetplan.contracts.rank_config import RankConfig, load_rank_config
 from hetplan.contracts.runlog import fill_global_loss
 from hetplan.errors import HetplanError
+from hetplan.runtime.processes.agent_start import ForkedAgent, start_agent
 from hetplan.runtime.processes.interrupt import STOP_SIGNALS, InterruptedRunError, StopSignals
 from hetplan.runtime.processes.watch import StepLine, StepWatcher
 from hetplan.runtime.worker import TERM_GRACE_S  # what a worker has, after SIGTERM, to say where it was
@@ -98,6 +99,7 @@ _RANK_MODULES = (
     "hetplan.runtime.memtrack",
     "hetplan.runtime.validate",
     "hetplan.schedule.compile",
+    "hetplan.runtime.processes.warm",
 )
 
 
@@ -271,15 +273,9 @@ class LocalRun:
         failures = work / "failures.json"
         command = [sys.executable, "-m", "hetplan.runtime.launcher", str(failures), "--", *torchrun]
         self.start = time.time()
-        with open(work / "agent.log", "w", encoding="utf-8") as agent_log:
-            self.agent = subprocess.Popen(
-                command,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=agent_log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        # forked ranks, forked agent: the fork server that saves each rank its imports saves the agent its own
+        self.agent = start_agent(command, env=env, log=work / "agent.log", forked=preload)
+        (work / "agent.pid").write_text(f"{self.agent.pid}\n", encoding="utf-8")  # who to signal, for a person too
         self.timeout_s = config.timeout_s
         self.stall_limit = stall_s if stall_s is not None else config.timeout_s + STALL_MARGIN_S
         self.last_progress, self.count = time.time(), -1
@@ -431,7 +427,12 @@ def _start_fork_server(config_path: str | None) -> None:
     import multiprocessing
     import multiprocessing.forkserver
 
-    multiprocessing.set_forkserver_preload(rank_module_names(config_path))
+    from hetplan.runtime.processes.fork_server import start_fork_server
+
+    preload = rank_module_names(config_path)
+    if start_fork_server(preload):  # a fork of this agent, torch imported already
+        return
+    multiprocessing.set_forkserver_preload(preload)
     multiprocessing.forkserver.ensure_running()
 
 
@@ -479,7 +480,7 @@ def _killpg(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-def _stop(agent: subprocess.Popen, status: Path) -> None:
+def _stop(agent: subprocess.Popen | ForkedAgent, status: Path) -> None:
     """End the job: every worker's process group, then the agent's. Nothing once the agent has
     ended by itself: it has ended and reaped its workers (and their pids may be reused)."""
     if agent.poll() is not None:

@@ -112,24 +112,38 @@ def test_ranks_lead_sessions_of_their_own_whether_forked_from_a_server_or_spawne
     tmp_path, monkeypatch, rank_start
 ) -> None:
     """A forked rank looks to the launcher like one torchrun spawned (its own session, ended by
-    process group); only what it was started from differs: the fork server, or a fresh worker."""
+    process group); only what it was started from differs: the fork server (itself a fork of the
+    agent, so the rank is the agent's grandchild; the agent is forked from this process's fork
+    server, whose command line they all show), or a fresh worker (the agent's child)."""
     monkeypatch.setenv(RANK_START_ENV, rank_start)
     path, _ = _config(tmp_path, TWO_STAGES)
-    seen: dict[int, tuple[list[str], str]] = {}
+    seen: dict[int, tuple[list[str], str, list[int]]] = {}
+
+    def stat_of(pid: int) -> list[str]:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
     def look(_line) -> None:
         for pid in _worker_pids(tmp_path / "run"):
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            seen[pid] = (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split(), cmdline)
+            ancestors, up = [], pid
+            while up not in (os.getpid(), 1) and len(ancestors) < 4:
+                up = int(stat_of(up)[1])
+                ancestors.append(up)
+            seen[pid] = (stat_of(pid), cmdline, ancestors)
         raise _SeenError
 
     with pytest.raises(_SeenError):
         launch_local(path, steps=100_000, run_dir=tmp_path / "run", on_step=look)
     assert len(seen) == 2
-    for pid, (stat, cmdline) in seen.items():
+    agent = int((tmp_path / "run" / "agent.pid").read_text())
+    for pid, (stat, cmdline, ancestors) in seen.items():
         assert int(stat[3]) == pid and int(stat[2]) == pid  # session and process group leader
-        started_from = "multiprocessing.forkserver" if rank_start == "forkserver" else "hetplan.runtime.worker"
-        assert started_from in cmdline, cmdline
+        if rank_start == "forkserver":  # rank <- the agent's fork server <- agent <- this one's <- this
+            assert len(ancestors) == 4 and ancestors[1] == agent and ancestors[-1] == os.getpid(), ancestors
+            assert "multiprocessing.forkserver" in cmdline, cmdline
+        else:  # rank <- agent <- this process
+            assert ancestors == [agent, os.getpid()], ancestors
+            assert "hetplan.runtime.worker" in cmdline, cmdline
     assert not [pid for pid in seen if _alive(pid)]
     with pytest.raises(HetplanError, match="HETPLAN_RANK_START"):
         monkeypatch.setenv(RANK_START_ENV, "fork")  # from the agent, which runs threads: refused

@@ -8,7 +8,6 @@ in the test's folder, so that the run folder, the workers' pids and their progre
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -65,16 +64,26 @@ def _alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
-def _agent_of(launch: int) -> int:
-    """torchrun's agent: the child of the ``hetplan launch`` process running the launcher module (the
-    workers' parent only when spawned; forked ones are the fork server's children)."""
+def _descendants(root: int) -> set[int]:
+    """Every process below ``root`` now (children, theirs, ...)."""
+    parent_of = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         fields = _stat(int(stat.parent.name))
-        if fields is not None and int(fields[1]) == launch:
-            with contextlib.suppress(OSError):
-                if b"hetplan.runtime.launcher" in (stat.parent / "cmdline").read_bytes():
-                    return int(stat.parent.name)
-    raise AssertionError(f"no torchrun agent under pid {launch}")
+        if fields is not None:
+            parent_of[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parent_of.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _gone(pids, *, within: float) -> list[int]:
+    """Those of ``pids`` still alive after ``within`` s (a fork server ends once its last client has)."""
+    end = time.time() + within
+    while (left := [pid for pid in pids if _alive(pid)]) and time.time() < end:
+        time.sleep(0.1)
+    return left
 
 
 def _wait_for(what, *, timeout: float, proc: subprocess.Popen) -> None:
@@ -129,7 +138,9 @@ def test_a_signal_stops_every_rank_writes_the_log_and_leaves_no_process(tmp_path
         _wait_for(trained, timeout=300, proc=proc)
         (run,) = tmp.glob("hetplan-run-*")
         workers = [json.loads(p.read_text())["pid"] for p in (run / "ranks").glob("rank-*.json")]
-        agent = _agent_of(proc.pid)
+        agent = int((run / "agent.pid").read_text())  # the launch's child, or its fork server's
+        below = _descendants(proc.pid)  # the agent, fork servers, resource trackers, ranks
+        assert agent in below and set(workers) <= below, (agent, workers, below)
         os.kill(proc.pid if target == "launch" else agent, sig)
         sent = time.time()
         _, err = proc.communicate(timeout=120)
@@ -149,4 +160,5 @@ def test_a_signal_stops_every_rank_writes_the_log_and_leaves_no_process(tmp_path
         assert lines[0].startswith(f"error: the run stopped: torchrun's agent got {sig.name} and stopped every rank")
     records = load_run_log(log)  # the steps so far, a valid run log
     assert {r.rank for r in records} == {0, 1} and max(r.step for r in records) >= 1
-    assert not [pid for pid in [*workers, agent] if _alive(pid)]
+    assert not _gone([*workers, agent], within=0.0)
+    assert not _gone(below, within=5.0)
