@@ -10,7 +10,7 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawn_ranks import spawn_ranks
 
 pytest.importorskip("transformers", reason="the Llama block needs transformers (pip install '.[hf]')")
 
@@ -69,7 +69,7 @@ def _free_port() -> int:
 
 
 def test_a_declared_plan_runs_through_parallelize_module_with_local_shards(tmp_path) -> None:
-    mp.spawn(_member, args=(_free_port(), str(tmp_path)), nprocs=2)
+    spawn_ranks(_member, args=(_free_port(), str(tmp_path)), nprocs=2)
     for rank in (0, 1):
         result = torch.load(tmp_path / f"{rank}.pt")
         for index, got in result.items():

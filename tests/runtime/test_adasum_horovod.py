@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawn_ranks import spawn_ranks
 
 from hetplan.runtime.sync.adasum import AdasumDeltas, AdasumTree
 
@@ -90,7 +90,7 @@ def _run(rank: int, init: str, out: str) -> None:
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("adasum")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_run, args=(f"file://{tmp / 'store'}", str(tmp)), nprocs=WORLD)
+    spawn_ranks(_run, args=(f"file://{tmp / 'store'}", str(tmp)), nprocs=WORLD)
     return [torch.load(tmp / f"rank{r}.pt") for r in range(WORLD)]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawn_ranks import spawn_ranks
 
 from hetplan.runtime.optim import make_optimizer
 from hetplan.runtime.sync.group_scheduler import GroupClient, GroupScheduler
@@ -157,7 +157,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """Four workers and the central process, every scenario, in one spawn (start-up dominates)."""
     tmp = tmp_path_factory.mktemp("ps")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_run, args=(WORKERS + 1, f"file://{tmp / 'store'}", str(tmp)), nprocs=WORKERS + 1)
+    spawn_ranks(_run, args=(WORKERS + 1, f"file://{tmp / 'store'}", str(tmp)), nprocs=WORKERS + 1)
     out = [torch.load(tmp / f"server-{i}.pt") for i in range(len(SCENARIOS))]
     out.append({"log": torch.load(tmp / "groups.pt"), **{r: torch.load(tmp / f"groups-{r}.pt") for r in range(4)}})
     out.append({"weights": torch.load(tmp / "wave.pt"), **{r: torch.load(tmp / f"wave-log-{r}.pt") for r in range(2)}})

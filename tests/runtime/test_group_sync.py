@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawn_ranks import spawn_ranks
 
 from hetplan.runtime.sync.group_sync import GroupLayout, make_group_sync
 from hetplan.runtime.sync.topk import TopK, densify
@@ -75,7 +75,7 @@ def _run(rank: int, init: str, out: str) -> None:
 def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("sync")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_run, args=(f"file://{tmp / 'store'}", str(tmp)), nprocs=WORLD)
+    spawn_ranks(_run, args=(f"file://{tmp / 'store'}", str(tmp)), nprocs=WORLD)
     return [torch.load(tmp / f"rank{r}.pt") for r in range(WORLD)]
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from builders import make_cluster
+from spawn_ranks import spawn_ranks
 from torch import nn
 
 from hetplan.contracts import load_catalog
@@ -125,7 +125,7 @@ def _save_worker(rank: int, init: str, out: str) -> None:
 def save_peaks() -> dict[tuple[str, str], list[float]]:
     with tempfile.TemporaryDirectory() as folder:
         init = f"file://{os.path.join(folder, 'init')}"
-        mp.spawn(_save_worker, args=(init, folder), nprocs=2, join=True)
+        spawn_ranks(_save_worker, args=(init, folder), nprocs=2)
         peaks: dict[tuple[str, str], list[float]] = {}
         for rank in range(2):
             for line in Path(folder, f"rank{rank}.txt").read_text().splitlines():

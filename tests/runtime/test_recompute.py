@@ -14,7 +14,7 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawn_ranks import spawn_ranks
 from torch import nn
 
 from hetplan.errors import HetplanError
@@ -117,7 +117,7 @@ def _member(rank: int, size: int, port: int, folder: str) -> None:
 
 @pytest.mark.parametrize("size", [2])
 def test_tensor_parallel_blocks_equal_the_full_blocks_and_keep_replicated_gradients_equal(tmp_path, size: int) -> None:
-    mp.spawn(_member, args=(size, _free_port(), str(tmp_path)), nprocs=size, join=True)
+    spawn_ranks(_member, args=(size, _free_port(), str(tmp_path)), nprocs=size)
     for rank in range(size):
         r = torch.load(tmp_path / f"rank-{rank}.pt")
         assert r["y"] < 1e-6 and r["dx"] < 1e-6 and r["grads"] < 1e-6, r

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawn_ranks import spawn_ranks
 
 from hetplan.runtime.sync.group_scheduler import READY, STOP, TAG, GroupClient, GroupScheduler
 from hetplan.runtime.sync.wave_sync import GroupAverage
@@ -127,7 +127,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     """Every scenario in one spawn of five processes (start-up dominates)."""
     tmp = tmp_path_factory.mktemp("sdpipe4")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(_run, args=(WORKERS + 1, f"file://{tmp / 'store'}", str(tmp)), nprocs=WORKERS + 1)
+    spawn_ranks(_run, args=(WORKERS + 1, f"file://{tmp / 'store'}", str(tmp)), nprocs=WORKERS + 1)
     out = []
     for i in range(len(SCENARIOS)):
         folder = tmp / f"scenario-{i}"

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from builders import make_cluster, zoo_profile
 from reference_checks import assert_run_equals_reference
+from spawn_ranks import spawn_ranks
 
 from hetplan.contracts import load_catalog
 from hetplan.contracts.fields import Fields
@@ -100,7 +100,7 @@ def _blocks_worker(rank: int, init: str, vocab: int, out: str) -> None:
 @pytest.mark.parametrize("vocab", [31, 32])
 def test_two_members_give_the_one_process_loss_and_gradients(vocab: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_blocks_worker, args=(f"file://{os.path.join(folder, 'init')}", vocab, folder), nprocs=2, join=True)
+        spawn_ranks(_blocks_worker, args=(f"file://{os.path.join(folder, 'init')}", vocab, folder), nprocs=2)
         lines = [Path(folder, f"rank{r}.txt").read_text().split() for r in range(2)]
     for line in lines:
         assert int(line[0]) == -(-vocab // 2)  # no member holds [.., V] logits

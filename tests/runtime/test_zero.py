@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from spawn_ranks import spawn_ranks
 from torch import nn
 
 from hetplan.errors import HetplanError
@@ -303,7 +303,7 @@ def results() -> dict[str, dict[str, Any]]:
     """Every case's figures, the worst over the ranks that ran it."""
     with tempfile.TemporaryDirectory() as folder:
         init = "file://" + os.path.join(folder, "init")
-        mp.spawn(_worker, args=(init, folder), nprocs=WORLD, join=True)
+        spawn_ranks(_worker, args=(init, folder), nprocs=WORLD)
         merged: dict[str, Any] = {}
         for rank in range(WORLD):
             for key, value in json.loads(Path(folder, f"rank{rank}.json").read_text()).items():
