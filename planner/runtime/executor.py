@@ -894,7 +894,10 @@ class RankExecutor:
         if not ops:  # every transfer of the batch was a split piece of nothing (batch_isend_irecv refuses [])
             return
         posted = time.perf_counter()
-        works = dist.batch_isend_irecv(ops)
+        try:
+            works = dist.batch_isend_irecv(ops)
+        except RuntimeError as exc:  # posting to a peer whose connection has closed fails at once
+            raise RankFailureError(f"{what}: {failure_text(exc)}") from None
         if receives:
             for work in works:
                 wait(work, timeout_s=self.config.timeout_s, what=what)
@@ -903,8 +906,11 @@ class RankExecutor:
             stats.wait_s += time.perf_counter() - posted
         else:
             in_flight_sends.extend((work, what, keep) for work in works)
-        # sends that have completed no longer need their tensors
-        in_flight_sends[:] = [s for s in in_flight_sends if not s[0].is_completed()]
+        # sends that have completed no longer need their tensors (a failed one says so when waited on)
+        try:
+            in_flight_sends[:] = [s for s in in_flight_sends if not s[0].is_completed()]
+        except RuntimeError as exc:
+            raise RankFailureError(f"{what}: {failure_text(exc)}") from None
 
 
 def _split_part(buffer: torch.Tensor, a: Action, owner: DeviceProgram, receiver: DeviceProgram) -> torch.Tensor | None:

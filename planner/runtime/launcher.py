@@ -427,11 +427,12 @@ def _start_fork_server(config_path: str | None) -> None:
     import multiprocessing
     import multiprocessing.forkserver
 
-    from hetplan.runtime.processes.fork_server import start_fork_server
+    from hetplan.runtime.processes.fork_server import short_socket_folder, start_fork_server
 
     preload = rank_module_names(config_path)
     if start_fork_server(preload):  # a fork of this agent, torch imported already
         return
+    short_socket_folder()
     multiprocessing.set_forkserver_preload(preload)
     multiprocessing.forkserver.ensure_running()
 

@@ -60,6 +60,9 @@ class ForkedAgent:
 def _context() -> multiprocessing.context.BaseContext:
     """The fork server context, its server told to import the agent's modules (where it has not
     started yet: a server already running keeps what it has, and the agent imports the rest)."""
+    from hetplan.runtime.processes.fork_server import short_socket_folder
+
+    short_socket_folder()
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(AGENT_MODULES))
     return context

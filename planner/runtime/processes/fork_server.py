@@ -24,11 +24,34 @@ import inspect
 import os
 import socket
 
-__all__ = ["start_fork_server"]
+__all__ = ["short_socket_folder", "start_fork_server"]
+
+#: The longest temporary folder ``multiprocessing`` may put its sockets' folder in: a UNIX socket's
+#: path has at most 107 bytes, and ``multiprocessing`` adds ``/pymp-XXXXXXXX/listener-XXXXXXXX``.
+_LONGEST_TEMP = 64
 
 #: ``multiprocessing.forkserver.main``'s parameters this module calls it with (3.14 adds an authkey).
 _MAIN_PARAMETERS = ("listener_fd", "alive_r", "preload", "main_path", "sys_path")
 _SERVER_STATE = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_preload_modules", "_lock")
+
+
+def short_socket_folder() -> None:
+    """Make ``multiprocessing`` keep its sockets under ``/tmp`` where ``TMPDIR`` is too long for
+    them. Its fork server listens on a socket in a folder under the temporary folder; a long
+    ``TMPDIR`` (a test's own folder under pytest's) gives a path over the 107 bytes a UNIX socket may
+    have, and every launch failed with "AF_UNIX path too long". Only the folder ``multiprocessing``
+    creates moves; the run's own files stay where ``TMPDIR`` says. Python 3.13 does the same itself."""
+    import tempfile
+    from multiprocessing import util
+
+    if len(tempfile.gettempdir()) <= _LONGEST_TEMP or not os.path.isdir("/tmp"):
+        return
+    previous = tempfile.tempdir
+    tempfile.tempdir = "/tmp"
+    try:
+        util.get_temp_dir()  # made once per process, kept for every later socket (and removed at exit)
+    finally:
+        tempfile.tempdir = previous
 
 
 def _supported() -> bool:
@@ -49,6 +72,7 @@ def start_fork_server(preload: list[str]) -> bool:
 
     if not _supported():
         return False
+    short_socket_folder()
     server = forkserver._forkserver
     with server._lock:
         if server._forkserver_pid is not None:
