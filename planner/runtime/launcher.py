@@ -260,9 +260,10 @@ class LocalRun:
         self.on_step = on_step
         self.watcher = StepWatcher(work, world=self.world, global_batch=config.global_batch, steps=steps)
         # forked ranks run under torchrun's multiprocessing context, which records only the first
-        # failure it polls: a rank killed on purpose (the kill hooks) may then go unnamed, so those
-        # runs start ranks fresh, as torchrun's subprocess context names every failed rank
-        hooks = kill_rank_after is not None or crash_in_save is not None
+        # failure it polls: a rank that kills itself on purpose (crash_in_save) may then go unnamed, so
+        # those runs start ranks fresh, as torchrun's subprocess context names every failed rank; a rank
+        # the launcher kills (kill_rank_after) it names itself
+        hooks = crash_in_save is not None
         preload = rank_start_method() == "forkserver" and not _on_cuda(config) and not hooks
         torchrun = _torchrun_args(len(addresses), work, worker, preload=preload)
         root = Path(__file__).resolve().parents[2]
@@ -279,7 +280,8 @@ class LocalRun:
         self.timeout_s = config.timeout_s
         self.stall_limit = stall_s if stall_s is not None else config.timeout_s + STALL_MARGIN_S
         self.last_progress, self.count = time.time(), -1
-        self.kill_rank_after, self.kill_signal, self.killed = kill_rank_after, kill_signal, False
+        self.kill_rank_after, self.kill_signal = kill_rank_after, kill_signal
+        self.killed: dict[int, signal.Signals] = {}  # ranks this launcher killed (the kill hook)
 
     def poll(self) -> bool:
         """True once the job has finished; raises one-line :class:`HetplanError` if it failed or
@@ -299,15 +301,15 @@ class LocalRun:
         if code is not None:
             signum = _agent_signal(code)
             if signum is not None:
-                raise InterruptedRunError(_failure_message(work, self.addresses, code), signum=signum)
-            raise HetplanError(_failure_message(work, self.addresses, code))
+                raise InterruptedRunError(_failure_message(work, self.addresses, code, self.killed), signum=signum)
+            raise HetplanError(_failure_message(work, self.addresses, code, self.killed))
         kill = self.kill_rank_after
         if kill and not self.killed and count > 0 and time.time() - self.start > kill[1]:
             pid = _worker_pids(status).get(kill[0])
             if pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, self.kill_signal)
-                self.killed = True
+                self.killed = {kill[0]: self.kill_signal}
         # before the first step the ranks start (imports, rendezvous, model): their own timeout bounds that
         limit = self.stall_limit if count > 0 else max(self.stall_limit, self.timeout_s + STALL_MARGIN_S)
         if time.time() - self.last_progress > limit:
@@ -560,10 +562,17 @@ def _as_rank_line(rank: int, addresses: list[str], text: str) -> str:
     return text if text.startswith("rank ") else f"rank {rank} ({addresses[rank]}): {text}"
 
 
-def _failure_message(work: Path, addresses: list[str], agent_code: int) -> str:
+def _failure_message(
+    work: Path, addresses: list[str], agent_code: int, killed: dict[int, signal.Signals] | None = None
+) -> str:
+    """One line: the ranks that failed (torchrun's report, and ``killed``: those the launcher itself
+    killed, which a forked run's report may leave out: it names only the first failure it saw),
+    each rank's last error line, or the agent's."""
     failed: dict[int, dict] = {}
     with contextlib.suppress(OSError, ValueError):
         failed = {int(r): f for r, f in json.loads((work / "failures.json").read_text(encoding="utf-8")).items()}
+    for rank, sig in (killed or {}).items():
+        failed.setdefault(rank, {"exitcode": -int(sig), "signal": sig.name})
     errors = {rank: _last_error(_rank_stderr(work, rank)) for rank in range(len(addresses))}
     parts = []
     signum = _agent_signal(agent_code)

@@ -76,11 +76,12 @@ def test_the_worker_arguments_reach_the_worker_through_torchrun_parser_intact(tm
 
 
 @needs_proc
-def test_a_killed_rank_gives_one_line_within_seconds_and_no_process_remains(tmp_path, monkeypatch) -> None:
-    # fresh ranks even under HETPLAN_RANK_START=forkserver: torchrun's multiprocessing context records
-    # only the first failure it polls (the survivor's, as often as not), so runs with the kill hooks
-    # never fork
-    monkeypatch.setenv(RANK_START_ENV, "forkserver")
+@pytest.mark.parametrize("rank_start", ["forkserver", "spawn"])
+def test_a_killed_rank_gives_one_line_within_seconds_and_no_process_remains(tmp_path, monkeypatch, rank_start) -> None:
+    # spawned, torchrun's subprocess context names every failed rank; forked, its multiprocessing
+    # context names only the first failure it polls (the survivor's, as often as not), and the
+    # launcher names the rank it killed itself: the same line either way
+    monkeypatch.setenv(RANK_START_ENV, rank_start)
     path, _ = _config(tmp_path, TWO_STAGES, timeout=15)
     first_step: list[float] = []
     start = time.time()
