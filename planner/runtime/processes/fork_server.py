@@ -14,8 +14,8 @@ from the server, never from the agent (whose threads a fork could inherit mid-lo
 
 It reaches into ``multiprocessing.forkserver``'s private state (the three attributes
 ``ensure_running`` sets), so it runs only where that state and ``main``'s signature are the ones
-it was written against (CPython 3.10-3.13); elsewhere it answers False and the caller starts the
-server the documented way. Only a speed-up: what the ranks see is the same.
+it was written against (CPython 3.11's, checked at run time); elsewhere it answers False and the
+caller starts the server the documented way. Only a speed-up: what the ranks see is the same.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def short_socket_folder() -> None:
     them. Its fork server listens on a socket in a folder under the temporary folder; a long
     ``TMPDIR`` (a test's own folder under pytest's) gives a path over the 107 bytes a UNIX socket may
     have, and every launch failed with "AF_UNIX path too long". Only the folder ``multiprocessing``
-    creates moves; the run's own files stay where ``TMPDIR`` says. Python 3.13 does the same itself."""
+    creates moves; the run's own files stay where ``TMPDIR`` says."""
     import tempfile
     from multiprocessing import util
 
