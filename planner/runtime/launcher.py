@@ -488,7 +488,8 @@ def _stop(agent: subprocess.Popen | ForkedAgent, status: Path) -> None:
     ended by itself: it has ended and reaped its workers (and their pids may be reused)."""
     if agent.poll() is not None:
         return
-    for pid in _worker_pids(status).values():  # the agent is alive, so these are its unreaped children
+    workers = list(_worker_pids(status).values())
+    for pid in workers:  # the agent is alive, so these are its (or its fork server's) unreaped children
         _killpg(pid, signal.SIGKILL)
     _killpg(agent.pid, signal.SIGTERM)  # it ends any worker that had not written its pid yet
     try:
@@ -496,6 +497,25 @@ def _stop(agent: subprocess.Popen | ForkedAgent, status: Path) -> None:
     except subprocess.TimeoutExpired:
         _killpg(agent.pid, signal.SIGKILL)
         agent.wait()
+    _wait_ended(workers, within=5.0)
+
+
+def _wait_ended(pids: list[int], *, within: float) -> None:
+    """Wait (at most ``within`` s) until none of ``pids`` runs: a signal is delivered when its target
+    next runs, so a worker sent SIGKILL may still be running for a moment on a busy machine, and
+    "every rank has ended" should be true when it is said. Where /proc is absent, nothing to wait on."""
+    end = time.time() + within
+    while time.time() < end and any(_running(pid) for pid in pids):
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has: only its exit status is left)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 # -- what to say ---------------------------------------------------------------------------------------

@@ -105,6 +105,9 @@ def _wait_for(what, *, timeout: float, proc: subprocess.Popen) -> None:
         ("launch", signal.SIGHUP, "forkserver"),
         ("launch", signal.SIGINT, "forkserver"),
         ("agent", signal.SIGTERM, "forkserver"),
+        # a closed terminal: SIGHUP to the launch's whole process group, the launch's fork server
+        # (which reports the forked agent's exit code) included, not the agent (a session of its own)
+        ("group", signal.SIGHUP, "forkserver"),
         # torchrun's default start (a fresh Python per rank), what runs across machines: the same behaviour
         ("launch", signal.SIGTERM, "spawn"),
         ("agent", signal.SIGTERM, "spawn"),
@@ -141,7 +144,10 @@ def test_a_signal_stops_every_rank_writes_the_log_and_leaves_no_process(tmp_path
         agent = int((run / "agent.pid").read_text())  # the launch's child, or its fork server's
         below = _descendants(proc.pid)  # the agent, fork servers, resource trackers, ranks
         assert agent in below and set(workers) <= below, (agent, workers, below)
-        os.kill(proc.pid if target == "launch" else agent, sig)
+        if target == "group":
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid if target == "launch" else agent, sig)
         sent = time.time()
         _, err = proc.communicate(timeout=120)
         took = time.time() - sent
@@ -151,7 +157,7 @@ def test_a_signal_stops_every_rank_writes_the_log_and_leaves_no_process(tmp_path
     assert took < 30, took  # seconds: the workers' grace after a signal is 3 s (loaded machines vary)
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    if target == "launch":
+    if target in ("launch", "group"):
         assert proc.returncode == 128 + sig, err
         assert lines[0].startswith(f"error: stopped by {sig.name} after ")
         assert f"; every rank has ended; run log so far: {log}" in lines[0]

@@ -19,8 +19,11 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import select
+import signal
 import subprocess
 import sys
+import threading
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,28 +36,56 @@ AGENT_MODULES = ("torch", "torch.distributed.run", "hetplan.runtime.launcher", "
 
 
 class ForkedAgent:
-    """An agent forked from the fork server, seen as the launcher sees a ``subprocess.Popen``."""
+    """An agent forked from the fork server, seen as the launcher sees a ``subprocess.Popen``.
+
+    Whether it is still running is asked of the kernel (a pidfd), not of the fork server that
+    reports its exit code: that server shares the launch's process group, so a closed terminal's
+    SIGHUP ends it while the agent, in a session of its own, runs on; ``multiprocessing`` would then
+    report exit code 255 for an agent that is alive, and the launcher would leave it and its ranks
+    running. Where the server has gone, an ended agent's code is unknown: 255."""
 
     def __init__(self, process: multiprocessing.process.BaseProcess, args: list[str]) -> None:
         self._process = process
         self.args = args
         self.pid: int = process.pid  # type: ignore[assignment] (started: it has one)
+        self._pidfd: int | None = None
+        with contextlib.suppress(OSError):  # gone already (then the server has its code), or no pidfds
+            self._pidfd = os.pidfd_open(self.pid)
 
     @property
     def returncode(self) -> int | None:
-        return self._process.exitcode
+        return self.poll()
+
+    def _running(self, timeout: float) -> bool:
+        """Whether the agent still runs after waiting up to ``timeout`` s for it to end."""
+        if self._pidfd is None:
+            self._process.join(timeout)
+            return self._process.exitcode is None
+        ended, _, _ = select.select([self._pidfd], [], [], timeout)
+        return not ended
+
+    def _code(self) -> int:
+        """The ended agent's exit code, from the fork server (255 where it has gone before telling)."""
+        self._process.join(5.0)  # the server reaps the agent and then writes its code
+        code = self._process.exitcode
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        return 255 if code is None else code
 
     def poll(self) -> int | None:
         """The exit code once the agent has ended, else None."""
-        return self._process.exitcode
+        if self._pidfd is None and self._process.exitcode is not None:
+            return self._process.exitcode
+        return None if self._running(0.0) else self._code()
 
     def wait(self, timeout: float | None = None) -> int:
         """The exit code, waiting at most ``timeout`` s (then :class:`subprocess.TimeoutExpired`)."""
-        self._process.join(timeout)
-        code = self._process.exitcode
-        if code is None:
+        if self._pidfd is None and self._process.exitcode is not None:
+            return self._process.exitcode
+        if self._running(timeout):  # type: ignore[arg-type] (select and join take None: no limit)
             raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-        return code
+        return self._code()
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -70,7 +101,8 @@ def _context() -> multiprocessing.context.BaseContext:
 
 def _run_forked(argv: list[str], env: dict[str, str], log: str) -> None:
     """The forked agent: a session of its own, stdin from /dev/null, stdout and stderr to ``log``,
-    ``env`` as its whole environment, then the agent's entry (its exit code is the process's)."""
+    ``env`` as its whole environment, then the agent's entry (its exit code is the process's; a
+    SIGINT before torchrun handles signals ends it by that signal, as it ends a fresh Python)."""
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -83,13 +115,21 @@ def _run_forked(argv: list[str], env: dict[str, str], log: str) -> None:
     os.environ.update(env)
     from hetplan.runtime.launcher import _agent
 
-    sys.exit(_agent(argv))
+    try:
+        code = _agent(argv)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        raise
+    sys.exit(code)
 
 
 def start_agent(command: list[str], *, env: dict[str, str], log: Path, forked: bool) -> subprocess.Popen | ForkedAgent:
     """Start ``command`` (``python -m hetplan.runtime.launcher ARGS``) as a fresh process, or with
-    ``forked`` its ``ARGS`` in a fork of the fork server; its output (stdout and stderr) to ``log``."""
-    if not forked:
+    ``forked`` its ``ARGS`` in a fork of the fork server; its output (stdout and stderr) to ``log``.
+    A daemonic process (a ``multiprocessing.Pool`` worker) may not have children of its own: there
+    the agent is a fresh process whatever ``forked`` says."""
+    if not forked or multiprocessing.current_process().daemon:
         with open(log, "w", encoding="utf-8") as out:
             return subprocess.Popen(
                 command,
@@ -113,9 +153,13 @@ def _main_not_inherited() -> Iterator[None]:
     script again in the agent as ``__mp_main__`` (its top level, guarded or not: a sweep script
     without ``if __name__ == "__main__"`` would start launches from its agent). The agent needs
     nothing from it, so the child is told of a main module with neither a spec nor a file."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
+    with _MAIN_SWAP:  # two launches from two threads must not restore each other's stand-in
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main
+
+
+_MAIN_SWAP = threading.Lock()

@@ -86,11 +86,16 @@ def start_fork_server(preload: list[str]) -> bool:
                 os.chmod(address, 0o600)
             listener.listen()
             alive_r, alive_w = os.pipe()
+            # a forked agent holds its own fork server's "alive" pipe: neither this server nor the
+            # ranks it forks should keep that one open (it would keep the outer server alive)
+            inherited = server._forkserver_alive_fd
             pid = os.fork()
             if pid == 0:  # the server: it must not hold the pipe's write end, or it never sees its clients go
                 code = 1  # a server that cannot serve ends; its clients see the socket go
                 try:
                     os.close(alive_w)
+                    if inherited is not None:
+                        os.close(inherited)
                     forkserver.main(listener.fileno(), alive_r, preload, **data)
                 except SystemExit:  # how main ends once every client has gone
                     code = 0
