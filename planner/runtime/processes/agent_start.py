@@ -56,13 +56,14 @@ class ForkedAgent:
     def returncode(self) -> int | None:
         return self.poll()
 
-    def _running(self, timeout: float) -> bool:
-        """Whether the agent still runs after waiting up to ``timeout`` s for it to end."""
+    def _running(self, timeout: float | None) -> bool:
+        """Whether the agent still runs after waiting up to ``timeout`` s (None: no limit) for it to end."""
         if self._pidfd is None:
             self._process.join(timeout)
             return self._process.exitcode is None
-        ended, _, _ = select.select([self._pidfd], [], [], timeout)
-        return not ended
+        watch = select.poll()  # poll, not select: a pidfd may be numbered past select's 1024
+        watch.register(self._pidfd, select.POLLIN)
+        return not watch.poll(None if timeout is None else max(0.0, timeout) * 1000.0)
 
     def _code(self) -> int:
         """The ended agent's exit code, from the fork server (255 where it has gone before telling)."""
@@ -83,7 +84,7 @@ class ForkedAgent:
         """The exit code, waiting at most ``timeout`` s (then :class:`subprocess.TimeoutExpired`)."""
         if self._pidfd is None and self._process.exitcode is not None:
             return self._process.exitcode
-        if self._running(timeout):  # type: ignore[arg-type] (select and join take None: no limit)
+        if self._running(timeout):  # None: no limit
             raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         return self._code()
 
