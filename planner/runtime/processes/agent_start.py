@@ -52,10 +52,6 @@ class ForkedAgent:
         with contextlib.suppress(OSError):  # gone already (then the server has its code), or no pidfds
             self._pidfd = os.pidfd_open(self.pid)
 
-    @property
-    def returncode(self) -> int | None:
-        return self.poll()
-
     def _running(self, timeout: float | None) -> bool:
         """Whether the agent still runs after waiting up to ``timeout`` s (None: no limit) for it to end."""
         if self._pidfd is None:
