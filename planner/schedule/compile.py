@@ -45,7 +45,7 @@ block must use the same degree (the plan contract checks it).
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -123,6 +123,10 @@ class CompiledPlan:
     programs: dict[str, DeviceProgram]
     transfers: list[Transfer]
     groups: list[GradGroup]
+    #: pipelines compiled without actions or transfers (their programs say only where each device
+    #: sits and what share it computes): a simulation that copies them from pipelines that run alike
+    #: (:mod:`hetplan.simulate.replicas`) needs no more of them
+    skipped: frozenset[int] = frozenset()
 
 
 @lru_cache(maxsize=4096)
@@ -212,8 +216,9 @@ def gc_paused() -> Iterator[None]:
 BUILT_SYNC_MODES = ("allreduce", "adasum", "topk", "wsp", "sdpipe")
 
 
-def compile_plan(plan: Plan, n_blocks: int) -> CompiledPlan:
-    """Per-device action lists, every transfer, and the gradient groups of ``plan``."""
+def compile_plan(plan: Plan, n_blocks: int, *, skip: Collection[int] = ()) -> CompiledPlan:
+    """Per-device action lists, every transfer, and the gradient groups of ``plan``; the pipelines
+    in ``skip`` without actions or transfers (:attr:`CompiledPlan.skipped`)."""
     if plan.sync not in BUILT_SYNC_MODES:
         raise HetplanError(
             f"sync mode {plan.sync} is in the plan contract but not yet built into the schedule, "
@@ -222,10 +227,10 @@ def compile_plan(plan: Plan, n_blocks: int) -> CompiledPlan:
             field="sync",
         )
     with gc_paused():
-        return _compile(plan, n_blocks)
+        return _compile(plan, n_blocks, frozenset(skip))
 
 
-def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
+def _compile(plan: Plan, n_blocks: int, skip: frozenset[int] = frozenset()) -> CompiledPlan:
     programs: dict[str, DeviceProgram] = {}
     transfers: list[Transfer] = []
     stage_programs: list[list[list[DeviceProgram]]] = []
@@ -261,6 +266,8 @@ def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
     grad_in: dict[str, list[list[tuple[str, int, int]]]] = {}
     grad_out: dict[str, list[list[tuple[str, int, int]]]] = {}
     for pi, p in enumerate(plan.pipelines):
+        if pi in skip:
+            continue
         n_micro = len(p.micro_batches)
         for stage in stage_programs[pi]:
             for program in stage:
@@ -269,6 +276,8 @@ def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
 
     new = tuple.__new__  # NamedTuple construction without the generated __new__'s Python frame
     for pi, p in enumerate(plan.pipelines):
+        if pi in skip:
+            continue
         per_stage = stage_programs[pi]
         for si in range(len(p.stages) - 1):
             senders, receivers = per_stage[si], per_stage[si + 1]
@@ -313,6 +322,8 @@ def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
     recv_act, send_act, recv_grad, send_grad = Kind.RECV_ACT, Kind.SEND_ACT, Kind.RECV_GRAD, Kind.SEND_GRAD
     step = Action(Kind.STEP)
     for pi, p in enumerate(plan.pipelines):
+        if pi in skip:
+            continue
         for si in range(len(p.stages)):
             order = stage_order(plan.schedule, si, len(p.stages), len(p.micro_batches))
             for program in stage_programs[pi][si]:
@@ -345,4 +356,4 @@ def _compile(plan: Plan, n_blocks: int) -> CompiledPlan:
                 if last_backward < 0:  # a device with no samples at all still joins its all-reduces
                     actions.extend(reduces[address])
                 append(step)
-    return CompiledPlan(programs=programs, transfers=transfers, groups=groups)
+    return CompiledPlan(programs=programs, transfers=transfers, groups=groups, skipped=skip)

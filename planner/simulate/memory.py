@@ -56,6 +56,7 @@ walk and the search's tables share, so the two agree by construction):
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 
@@ -342,7 +343,12 @@ def sync_roles(compiled: CompiledPlan, plan: Plan | None, *, optimizer: str | No
             while len(nodes) > 1:  # the left node of each pair receives; an odd one out is carried
                 receives.update(leaders[q] for q in nodes[0:-1:2])
                 nodes = nodes[0::2]
-    return {a: replace(base, receives=a in receives, gathers=a in gathers) for a in compiled.programs}
+    variants = {(False, False): base}  # one role object per kind of device, not one a device
+    for a in compiled.programs:
+        key = (a in receives, a in gathers)
+        if key not in variants:
+            variants[key] = replace(base, receives=key[0], gathers=key[1])
+    return {a: variants[(a in receives, a in gathers)] for a in compiled.programs}
 
 
 def _rank_key(address: str) -> tuple[str, int]:
@@ -547,11 +553,16 @@ def communicators_of(compiled: CompiledPlan, address: str) -> int:
     """The communicators a device belongs to, each with buffers of its own: every gradient group of
     more than one device it is in, its tensor-parallel group, and each point-to-point peer it sends
     to or receives from (NCCL connects each pair lazily, with buffers per connection)."""
-    program = compiled.programs[address]
     groups = sum(1 for g in compiled.groups if len(g.devices) > 1 and address in g.devices)
-    tp = 1 if program.tensor_parallel > 1 else 0
-    peers = {a.peer for a in program.actions if a.kind.is_send or a.kind.is_recv}
-    return groups + tp + len(peers)
+    return groups + _own_communicators(compiled.programs[address])
+
+
+def _own_communicators(program: DeviceProgram) -> int:
+    """:func:`communicators_of` less the gradient groups: the tensor-parallel group and the
+    point-to-point peers (only transfer actions name a peer)."""
+    peers = {a[2] for a in program.actions}
+    peers.discard("")
+    return (1 if program.tensor_parallel > 1 else 0) + len(peers)
 
 
 def comm_buffer_bytes(device_type: DeviceType, communicators: int) -> float:
@@ -563,6 +574,25 @@ def comm_buffer_bytes(device_type: DeviceType, communicators: int) -> float:
     return float(communicators * NCCL_CHANNELS * NCCL_BUFFSIZE)
 
 
+#: Per profile (by identity, dropped with it): the list of blocks it had and, per (optimizer, dtype),
+#: the stage figures :func:`_device_memory` computed. A search walks the memory of thousands of plans
+#: whose stages recur (the same cut at the same degree, recomputation and holders), each stage's
+#: figures a sum over its blocks: computed once a profile, not once a plan.
+_STATICS: dict[int, tuple[list, float, dict[tuple[str, str], dict[tuple, tuple]]]] = {}
+
+
+def _statics_of(profile: ModelProfile, optimizer: str, dtype: str) -> dict[tuple, tuple]:
+    """The stage figures already computed for ``profile`` at ``optimizer`` and ``dtype`` (a dict to
+    fill). Profiles are not changed in place on the planning path; one whose ``blocks`` list or
+    ``input_bytes`` was replaced starts afresh (a Block is frozen)."""
+    entry = _STATICS.get(id(profile))
+    if entry is None or entry[0] is not profile.blocks or entry[1] != profile.input_bytes:
+        if entry is None:
+            weakref.finalize(profile, _STATICS.pop, id(profile), None)
+        entry = _STATICS[id(profile)] = (profile.blocks, profile.input_bytes, {})
+    return entry[2].setdefault((optimizer, dtype), {})
+
+
 def plan_memory(
     compiled: CompiledPlan,
     profile: ModelProfile,
@@ -571,11 +601,15 @@ def plan_memory(
     optimizer: str,
     dtype: str | None = None,
     plan: Plan | None = None,
+    copies: Mapping[str, str] | None = None,
 ) -> dict[str, MemoryUse]:
     """:func:`device_memory` of every device of a compiled plan (``cluster``: a Cluster); ``plan``
-    (the one compiled) gives each stage's ``recompute`` and ``zero`` (without it: none and 0)."""
+    (the one compiled) gives each stage's ``recompute`` and ``zero`` (without it: none and 0).
+    ``copies``: device -> a device whose memory it has (a pipeline that runs alike,
+    :func:`hetplan.simulate.replicas.memory_copies`; its own program may be left uncompiled)."""
     reduced: dict[str, set[int]] = {a: set() for a in compiled.programs}
     holders: dict[str, dict[int, int]] = {a: {} for a in compiled.programs}
+    in_groups = dict.fromkeys(compiled.programs, 0)  # gradient groups of 2+ devices each device is in
     zero = plan is not None and plan.zero == 1
     for group in compiled.groups:
         if len(group.devices) > 1:
@@ -583,26 +617,34 @@ def plan_memory(
                 reduced[address].update(group.blocks)
                 if zero:
                     holders[address].update(dict.fromkeys(group.blocks, len(group.devices)))
+            for address in set(group.devices):
+                in_groups[address] += 1
     recompute = (
         {(pi, si): s.recompute for pi, p in enumerate(plan.pipelines) for si, s in enumerate(p.stages)}
         if plan is not None
         else {}
     )
-    statics: dict[tuple, tuple[StageTerms, float, float, float, float]] = {}
+    dtype = dtype or profile.dtype
+    statics = _statics_of(profile, optimizer, dtype)
     roles = sync_roles(compiled, plan, optimizer=optimizer)
-    return {
+    copies = copies or {}
+    walked = {
         address: _device_memory(
             program,
             profile,
             optimizer=optimizer,
             device_type=cluster.device(address).type,
             reduced_blocks=reduced[address],
-            dtype=dtype or profile.dtype,
+            dtype=dtype,
             recompute=recompute.get((program.pipeline, program.stage), "none"),
             zero_holders=holders[address],
-            communicators=communicators_of(compiled, address),
+            communicators=in_groups[address] + _own_communicators(program),
             sync=roles[address],
             statics=statics,
         )
         for address, program in compiled.programs.items()
+        if address not in copies
     }
+    if not copies:
+        return walked
+    return {address: walked[copies.get(address, address)] for address in compiled.programs}

@@ -35,8 +35,9 @@ iteration's first forward needs the parameters).
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -46,10 +47,11 @@ from hetplan.contracts.plan import Plan, check_plan
 from hetplan.errors import HetplanError
 from hetplan.schedule.actions import Kind
 from hetplan.schedule.boundary import piece
-from hetplan.schedule.compile import CompiledPlan, compile_plan, gc_paused
+from hetplan.schedule.compile import CompiledPlan, Transfer, compile_plan, gc_paused
 from hetplan.simulate.costs import CostModel
 from hetplan.simulate.engine import Engine
 from hetplan.simulate.memory import FP32_BYTES, MIXED_PRECISION, MemoryUse, optimizer_bytes, plan_memory, stage_terms
+from hetplan.simulate.replicas import Folding, fold_replicas, memory_copies
 
 __all__ = [
     "DeviceStats",
@@ -225,13 +227,18 @@ class _Tasks(NamedTuple):
 
 
 def _build(
-    compiled: CompiledPlan, costs: CostModel, cluster: Cluster, plan: Plan | None = None
+    compiled: CompiledPlan,
+    costs: CostModel,
+    cluster: Cluster,
+    plan: Plan | None = None,
+    kept: Collection[str] | None = None,
 ) -> tuple[Engine, _Tasks, dict]:
     """Tasks and edges for one iteration; returns the engine, what each task is, and resource capacities.
 
     Task order (and so the engine's tie-breaking): every device's forwards and backwards in
     program order, then the transfers in ``compiled.transfers`` order, the all-reduces in group
-    order, and the optimizer steps.
+    order, and the optimizer steps. ``kept``: only these devices' tasks (the pipelines a
+    :class:`~hetplan.simulate.replicas.Folding` runs); the collectives are priced over every holder.
     """
     engine = Engine()
     programs = compiled.programs
@@ -254,6 +261,8 @@ def _build(
     sync = plan.sync if plan is not None else "allreduce"
     ratio = float(plan.sync_option("ratio")) if sync == "topk" else 1.0
     for row, (address, program) in enumerate(programs.items()):
+        if kept is not None and address not in kept:
+            continue
         device = devices[address]
         pipeline, stage, start, end = program.pipeline, program.stage, program.start, program.end
         tp, recompute = program.tensor_parallel, recompute_of.get((pipeline, stage), "none")
@@ -313,14 +322,15 @@ def _build(
     receivers: list[int] = []  # the compute task each transfer releases
     pred_counts: list[int] = []  # tasks each transfer waits for
     senders_of: dict[str, list[int]] = {}  # device -> transfers it sends (waited on before its step)
+    transfers = compiled.transfers if kept is None else [tr for tr in compiled.transfers if tr.src in kept]
     gathers = _boundary_gathers(
-        compiled, costs, devices, per_sample, engine, fwd_task, bwd_task, fwd_posted, bwd_posted
+        compiled, transfers, costs, devices, per_sample, engine, fwd_task, bwd_task, fwd_posted, bwd_posted
     )
     kinds.extend([_GATHER] * len(gathers))
     rows.extend(index[key[0][0]] for key in gathers)
     peers.extend([-1] * len(gathers))
     task = len(engine)
-    for tr in compiled.transfers:
+    for tr in transfers:
         pipeline, stage, micro, src, dst, lo, hi, grad = tr
         src_node, dst_node = node_of[src], node_of[dst]
         receiver = programs[dst]
@@ -362,8 +372,8 @@ def _build(
         nxt[t].append(after)
         npred[t] += n_pred
     kinds.extend([_SEND] * len(ids))
-    rows.extend(index[tr.src] for tr in compiled.transfers)
-    peers.extend(index[tr.dst] for tr in compiled.transfers)
+    rows.extend(index[tr.src] for tr in transfers)
+    peers.extend(index[tr.dst] for tr in transfers)
 
     done_comm: dict[str, list[int]] = {a: [] for a in programs}
     last_comm: dict[str, int] = {}
@@ -396,6 +406,8 @@ def _build(
         rows.append(-1)
         peers.append(group.id)
         for address in group.devices:
+            if kept is not None and address not in kept:
+                continue
             program = programs[address]
             if address in last_backward:
                 last_b, samples = last_backward[address]
@@ -424,6 +436,8 @@ def _build(
     step_of: dict[str, int] = {}
     exchange = _decentralised_exchange(plan, compiled, costs)
     for row, (address, program) in enumerate(programs.items()):
+        if kept is not None and address not in kept:
+            continue
         info = TaskInfo("step", address, program.pipeline, program.stage)
         seconds = costs.optimizer_step(
             devices[address], program.start, program.end, tp=program.tensor_parallel, holders=holders[address]
@@ -451,6 +465,8 @@ def _build(
         rows.append(-1)
         peers.append(gid)
         for address in group.devices:
+            if kept is not None and address not in kept:
+                continue
             engine.add_edge(step_of[address], t)
             if address in last_gather:  # a device's collectives run in group order
                 engine.add_edge(last_gather[address], t)
@@ -460,6 +476,7 @@ def _build(
 
 def _boundary_gathers(
     compiled: CompiledPlan,
+    transfers: list[Transfer],
     costs: CostModel,
     devices: dict,
     per_sample: dict[str, float],
@@ -477,7 +494,7 @@ def _boundary_gathers(
     programs = compiled.programs
     # a group's gather of one size is priced once: its micro-batches are mostly of one size
     priced: dict[tuple[tuple[str, ...], float], float] = {}
-    for tr in compiled.transfers:
+    for tr in transfers:
         receiver = programs[tr.dst]
         key = (receiver.tp_group, tr.micro, tr.grad)
         if not receiver.tp_group or key in out:
@@ -580,27 +597,35 @@ def _check_degrees(plan: Plan, profile: ModelProfile, cluster: Cluster) -> None:
                         ) from None
 
 
-def _critical_path(engine: Engine) -> list[tuple[str, float]]:
+def _critical_path(engine: Engine, folded: _FoldedNames | None = None) -> list[tuple[str, float]]:
     """Walk back from the last task along the predecessors that released each task last.
 
     Each task on the path is charged from its start until it released the next one: its end for
     a plain edge, its start + offset for an offset edge (an all-reduce released part-way through a
     backward charges the backward only up to the release). Every task starts the moment it is
-    released, so the charges tile ``[0, iteration]`` and sum to the iteration time.
+    released, so the charges tile ``[0, iteration]`` and sum to the iteration time. ``folded``: the
+    engine ran only some pipelines (:mod:`hetplan.simulate.replicas`); the path is named as the
+    full simulation's.
     """
     if not len(engine):
         return []
-    t = int(np.argmax(engine.end))  # the last task to end (the first such, on a tie)
+    if folded is None:
+        t = int(np.argmax(engine.end))  # the last task to end (the first such, on a tie)
+        devices, pipelines = {}, {}
+    else:
+        t, devices, pipelines = folded.start(engine)
     until = engine.end[t]
     spent: dict[str, float] = {}
     while t >= 0:
         info: TaskInfo = engine.meta[t]
+        if info.kind == "allreduce":  # a collective: the full path's stretch in a first replica ends
+            devices, pipelines = {}, {}
         if info.kind in ("F", "B", "step"):
-            what = f"compute on {info.device}"
+            what = f"compute on {devices.get(info.device, info.device)}"
         elif info.kind == "send":
-            what = f"link {info.device} -> {info.peer}"
+            what = f"link {devices.get(info.device, info.device)} -> {devices.get(info.peer, info.peer)}"
         elif info.kind == "gather":
-            what = f"boundary all-gather of pipeline {info.pipeline} stage {info.stage}"
+            what = f"boundary all-gather of pipeline {pipelines.get(info.pipeline, info.pipeline)} stage {info.stage}"
         else:
             what = f"{info.op or 'all-reduce'} of group {info.group}"
         lo = engine.start[t]
@@ -608,6 +633,51 @@ def _critical_path(engine: Engine) -> list[tuple[str, float]]:
         until = lo
         t = engine.binding[t]
     return sorted(spent.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+class _FoldedNames:
+    """Where the full simulation's critical path starts, as a task of a folded engine, and the names
+    it goes by until the path reaches a collective (:mod:`hetplan.simulate.replicas`).
+
+    The full run's path starts at the first task, in its numbering, of those that end last. Its
+    numbering runs kind by kind (computes, boundary gathers, transfers, collectives, steps, ZeRO's
+    gathers), pipeline by pipeline inside a kind; a representative's task stands for its
+    counterparts, the first of which is its class's first pipeline's."""
+
+    def __init__(self, folding: Folding, compiled: CompiledPlan, tasks: _Tasks) -> None:
+        self.folding = folding
+        self.tasks = tasks
+        self.pipeline_of_row = [p.pipeline for p in compiled.programs.values()]
+
+    def _order(self, engine: Engine, t: int) -> tuple[int, int, int]:
+        kind, row = self.tasks.kind[t], self.tasks.row[t]
+        if kind == _AR:  # shared by every pipeline: numbered the same in both runs
+            return (5 if engine.meta[t].op == "all-gather" else 3), -1, t
+        rank = {_F: 0, _B: 0, _GATHER: 1, _SEND: 2, _STEP: 4}[kind]
+        pipeline = self.pipeline_of_row[row]
+        first = self.folding.first_of.get(pipeline, pipeline)
+        return rank, first, t  # kept tasks of one kind and pipeline are numbered in full-run order
+
+    def start(self, engine: Engine) -> tuple[int, dict[str, str], dict[int, int]]:
+        """(the task, names of devices and pipelines to use until the path reaches a collective)."""
+        end = np.asarray(engine.end)
+        last = np.flatnonzero(end == end.max()).tolist()
+        t = min(last, key=lambda x: self._order(engine, x))
+        row = self.tasks.row[t]
+        pipeline = self.pipeline_of_row[row] if row >= 0 and self.tasks.kind[t] != _AR else -1
+        first = self.folding.first_of.get(pipeline)
+        if first is None:
+            return t, {}, {}
+        return t, self.folding.first_device, {pipeline: first}
+
+
+def _folded_tasks(folding: Folding, compiled: CompiledPlan, row: np.ndarray) -> int:
+    """Tasks the pipelines folded away would have had in the engine: each its representative's own
+    (computes, the transfers it sends, boundary gathers, steps; every task with a device row but a
+    collective)."""
+    pipeline_of_row = np.asarray([p.pipeline for p in compiled.programs.values()], dtype=np.int64)
+    own = np.bincount(pipeline_of_row[row[row >= 0]], minlength=int(pipeline_of_row.max()) + 1)
+    return int(sum(int(own[rep]) for rep in folding.pipeline_copy_of.values()))
 
 
 def _timeline_rows(engine: Engine, compiled: CompiledPlan) -> list[tuple[str, str, float, float, str]]:
@@ -650,6 +720,7 @@ class Walked:
 
     compiled: CompiledPlan
     memory: dict[str, MemoryUse]
+    folding: Folding | None = None  # the pipelines that run alike (hetplan.simulate.replicas)
 
 
 def memory_if_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Walked | None:
@@ -658,17 +729,31 @@ def memory_if_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Walke
         check_plan(plan, cluster, profile)
         if not _static_fits(plan, profile, cluster):
             return None
-        compiled = compile_plan(plan, len(profile.blocks))
-        memory = plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan)
+        # pipelines that run alike are compiled and walked once (hetplan.simulate.replicas)
+        folding = fold_replicas(plan, cluster)
+        copies = memory_copies(plan, folding)
+        skip = {p for p, pipeline in enumerate(plan.pipelines) if pipeline.devices()[0] in copies}
+        compiled = compile_plan(plan, len(profile.blocks), skip=skip)
+        memory = plan_memory(
+            compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan, copies=copies
+        )
         if not all(use.fits for use in memory.values()):
             return None
-        return Walked(compiled, memory)
+        return Walked(compiled, memory, folding)
 
 
 def simulate_walked(plan: Plan, profile: ModelProfile, cluster: Cluster, walked: Walked) -> SimResult:
     """The event run of a plan :func:`memory_if_fits` accepted."""
     with gc_paused():
-        return _simulate(plan, profile, cluster, timeline=False, compiled=walked.compiled, memory=walked.memory)
+        return _simulate(
+            plan,
+            profile,
+            cluster,
+            timeline=False,
+            compiled=walked.compiled,
+            memory=walked.memory,
+            folding=walked.folding,
+        )
 
 
 def _static_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> bool:
@@ -710,13 +795,22 @@ def _simulate(
     timeline: bool,
     compiled: CompiledPlan | None,
     memory: dict[str, MemoryUse] | None = None,
+    folding: Folding | Literal["find"] | None = "find",
 ) -> SimResult:
     """The run behind :func:`simulate` (``plan`` already checked against its inputs); ``memory``:
-    the plan's memory walk where the caller has it."""
+    the plan's memory walk where the caller has it. Pipelines that run alike are run once
+    (:mod:`hetplan.simulate.replicas`; ``folding``: ``fold_replicas(plan, cluster)`` where the
+    caller has it), except for a timeline, which draws every task."""
     _check_degrees(plan, profile, cluster)
-    compiled = compiled or compile_plan(plan, len(profile.blocks))
+    if timeline:
+        folding = None
+    elif isinstance(folding, str):
+        folding = fold_replicas(plan, cluster)
+    copied = folding.pipeline_copy_of.keys() if folding is not None else set()
+    if compiled is None or not compiled.skipped <= copied:  # a skipped pipeline must be a copy
+        compiled = compile_plan(plan, len(profile.blocks))
     costs = CostModel(profile, cluster, optimizer=plan.optimizer)
-    engine, tasks, capacity = _build(compiled, costs, cluster, plan)
+    engine, tasks, capacity = _build(compiled, costs, cluster, plan, folding.kept if folding is not None else None)
     iteration = engine.run(capacity)
 
     # per-device and per-stage sums, vectorised (bincount adds in task order, as a loop would)
@@ -761,6 +855,17 @@ def _simulate(
         n_dev,
     )
 
+    n_tasks = len(engine)
+    if folding is not None:  # the folded-away devices' figures are their representatives'
+        for address, copy in folding.copy_of.items():
+            i, j = index[address], index[copy]
+            for figures in (compute_s, fwd_s, bwd_s, step_s, busy, comm):
+                figures[i] = figures[j]
+        for (pi, si), k in stage_id.items():
+            if pi in folding.pipeline_copy_of:
+                send_by_stage[k] = send_by_stage[stage_id[(folding.pipeline_copy_of[pi], si)]]
+        n_tasks += _folded_tasks(folding, compiled, row)
+
     devices: dict[str, DeviceStats] = {}
     total_compute = 0.0
     memory_of = memory or plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan)
@@ -795,7 +900,7 @@ def _simulate(
                     send_s=send_by_stage[stage_id[(pi, si)]] if (pi, si) in stage_id else 0.0,
                 )
             )
-    path = _critical_path(engine)
+    path = _critical_path(engine, _FoldedNames(folding, compiled, tasks) if folding is not None else None)
     return SimResult(
         iteration_s=iteration,
         global_batch=plan.global_batch,
@@ -805,7 +910,7 @@ def _simulate(
         critical_path=path,
         bottleneck=path[0][0] if path else "",
         timeline=_timeline_rows(engine, compiled) if timeline else [],
-        n_tasks=len(engine),
+        n_tasks=n_tasks,
     )
 
 

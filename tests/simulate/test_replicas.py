@@ -1,0 +1,266 @@
+"""Pipelines that run alike, simulated once (``simulate.replicas``): every field of the folded result
+equals the full simulation's, on the planner's own candidates and baselines and on random
+hand-made plans (pipelines of several shapes, some sharing node interfaces, replicated and
+tensor-parallel stages, recomputation, ZeRO-1, the sync modes)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+from builders import make_cluster
+
+from hetplan.contracts import load_catalog
+from hetplan.contracts.cluster import parse_cluster
+from hetplan.contracts.plan import Pipeline, Plan, Stage, parse_plan
+from hetplan.errors import HetplanError
+from hetplan.profile.analytic import analytic_profile
+from hetplan.schedule.compile import compile_plan
+from hetplan.simulate import replicas, simulator
+from hetplan.simulate.memory import plan_memory
+from hetplan.simulate.replicas import fold_replicas, memory_copies
+from hetplan.solve import PlanOptions, plan_training
+
+A100, V100 = "A100-80GB", "V100-16GB"
+SMALL_GPT = {"layers": 4, "hidden": 256, "heads": 8, "seq": 128, "vocab": 1000}
+
+
+def _profile():
+    catalog = load_catalog()
+    return analytic_profile("gpt", SMALL_GPT, devices=[catalog.get(A100), catalog.get(V100)], dtype="fp16")
+
+
+def _cluster(types: list[str], per_node: int = 4, **network):
+    return make_cluster(
+        [(f"n{i}", [(t, per_node)]) for i, t in enumerate(types)],
+        inter="10Gbps",
+        inter_latency="20us",
+        intra_latency="5us",
+        **network,
+    )
+
+
+def _full(plan, profile, cluster, monkeypatch, *, walked: bool):
+    """The simulation with folding switched off."""
+    with monkeypatch.context() as m:
+        m.setattr(simulator, "fold_replicas", lambda plan, cluster: None)
+        return _run(plan, profile, cluster, walked=walked)
+
+
+def _run(plan, profile, cluster, *, walked: bool):
+    if walked:  # the search's path: the memory walk first (pipelines compiled once), then the event run
+        return simulator.simulate_if_fits(plan, profile, cluster)
+    return simulator.simulate(plan, profile, cluster)
+
+
+def _same(plan, profile, cluster, monkeypatch) -> bool:
+    """Assert the folded and full results are equal, both ways in; return whether any pipeline folded."""
+    for walked in (False, True):
+        folded = _run(plan, profile, cluster, walked=walked)
+        full = _full(plan, profile, cluster, monkeypatch, walked=walked)
+        assert folded == full, plan.to_dict()
+    return fold_replicas(plan, cluster) is not None
+
+
+def _planner_plans(profile, cluster, **options):
+    result = plan_training(profile, cluster, PlanOptions(**options))
+    plans = [result.plan] + [c.plan for c in result.candidates]
+    plans += [c.plan for c in result.baselines.values() if c is not None]
+    return plans
+
+
+@pytest.mark.parametrize(
+    ("types", "options"),
+    [
+        ([A100, A100, V100, V100, V100, V100], {"global_batch": 96}),
+        ([A100, A100, V100, V100, V100, V100], {"global_batch": 96, "schedule": "gpipe"}),
+        ([A100] * 4 + [V100] * 4, {"global_batch": 256, "sync": "topk"}),
+        ([V100] * 8, {"global_batch": 64, "sync": "adasum"}),
+    ],
+)
+def test_the_planners_plans_simulate_the_same_folded(types, options, monkeypatch) -> None:
+    profile, cluster = _profile(), _cluster(types)
+    plans = _planner_plans(profile, cluster, **options)
+    folded = sum(_same(plan, profile, cluster, monkeypatch) for plan in plans)
+    assert folded >= 1, "no plan of the planner had pipelines that run alike: the test checks nothing"
+
+
+def _random_plan(rng: random.Random, nodes: list[str], per_node: int, n_blocks: int) -> Plan:
+    """Pipelines of one to three shapes laid on the nodes, either each on nodes of its own or
+    stage by stage across shared nodes; stages with replicas or a tensor-parallel degree."""
+    shapes = []
+    tp = rng.choice((1, 1, 2))  # every holder of a block at one degree (the plan contract's rule)
+    for _ in range(rng.randint(1, 3)):
+        n_stages = rng.randint(1, 3)
+        cuts = sorted(rng.sample(range(1, n_blocks), n_stages - 1))
+        bounds = [0, *cuts, n_blocks]
+        stages = []
+        for s in range(n_stages):
+            count = tp * rng.choice((1, 1, 2))
+            stages.append((bounds[s], bounds[s + 1], tp, count, rng.choice(("none", "none", "selective", "full"))))
+        micro = tuple(rng.choice((1, 2, 3)) for _ in range(rng.randint(1, 4)))
+        shapes.append((stages, micro))
+    free = {n: [f"{n}/{i}" for i in range(per_node)] for n in nodes}
+    interleave = rng.random() < 0.3  # each replica on the next node: pipelines share interfaces
+    cursor = 0
+
+    def take(count: int, tp: int) -> tuple[str, ...] | None:
+        """``count`` devices, each tensor-parallel group of ``tp`` on one node."""
+        nonlocal cursor
+        out: list[str] = []
+        for _ in range(count // tp):
+            for step in range(len(nodes)):
+                node = nodes[(cursor + step) % len(nodes)]
+                if len(free[node]) >= tp:
+                    out += free[node][:tp]
+                    free[node] = free[node][tp:]
+                    cursor = (cursor + step + int(interleave)) % len(nodes)
+                    break
+            else:
+                return None
+        return tuple(out)
+
+    pipelines = []
+    while len(pipelines) < 6:
+        stages_of, micro = rng.choice(shapes)
+        stages = []
+        for start, end, tp, count, recompute in stages_of:
+            devices = take(count, tp)
+            if devices is None:
+                break
+            shares = (1.0 / (count // tp),) * (count // tp)
+            stages.append(Stage(start, end, devices, shares, tensor_parallel=tp, recompute=recompute))
+        if len(stages) < len(stages_of):
+            break
+        pipelines.append(Pipeline(sum(micro), micro, tuple(stages)))
+        if rng.random() < 0.1:
+            break
+    plan = Plan(sum(p.batch for p in pipelines), pipelines, schedule=rng.choice(("1f1b", "gpipe")))
+    plan.sync = rng.choice(("allreduce", "allreduce", "topk") + (("adasum",) if tp == 1 else ()))
+    plan.zero = int(plan.sync == "allreduce" and rng.random() < 0.3)
+    if plan.sync == "topk":
+        plan.sync_options = {"ratio": 0.01}
+    data = plan.to_dict() | {"inputs": {"profile": {"path": "-"}, "cluster": {"path": "-"}}}
+    return parse_plan(data, file="random plan")  # what a plan file may hold, checked as one
+
+
+def test_random_plans_simulate_the_same_folded(monkeypatch) -> None:
+    profile = _profile()
+    rng = random.Random(7)
+    folded = checked = 0
+    for _ in range(60):
+        types = [rng.choice((A100, V100)) for _ in range(rng.randint(2, 6))]
+        cluster = _cluster(types, per_node=4)
+        try:
+            plan = _random_plan(rng, [n.name for n in cluster.nodes], 4, len(profile.blocks))
+            simulator.simulate(plan, profile, cluster)
+        except HetplanError as exc:  # a random plan the contract refuses (say, a degree a block lacks)
+            assert "deadlock" not in str(exc), plan.to_dict()
+            continue
+        checked += 1
+        folded += _same(plan, profile, cluster, monkeypatch)
+    assert checked >= 40 and folded >= 15, (checked, folded)
+
+
+def test_pipelines_sharing_a_node_interface_are_not_folded() -> None:
+    cluster = _cluster([A100, A100])
+    # two pipelines n0 -> n1, each stage on another node: both send over n0's and n1's interfaces
+    pipelines = [
+        Pipeline(2, (1, 1), (Stage(0, 4, (f"n0/{k}",), (1.0,)), Stage(4, len(_profile().blocks), (f"n1/{k}",), (1.0,))))
+        for k in range(2)
+    ]
+    plan = Plan(4, pipelines)
+    assert fold_replicas(plan, cluster) is None
+    # on nodes of their own they are folded: the last pipeline of the class runs, the first copies it
+    own = _cluster([A100, A100, A100, A100], per_node=1)
+    n = len(_profile().blocks)
+    plan = Plan(
+        4,
+        [
+            Pipeline(2, (1, 1), (Stage(0, 4, (f"n{2 * k}/0",), (1.0,)), Stage(4, n, (f"n{2 * k + 1}/0",), (1.0,))))
+            for k in range(2)
+        ],
+    )
+    folding = fold_replicas(plan, own)
+    assert folding is not None
+    assert folding.copy_of == {"n0/0": "n2/0", "n1/0": "n3/0"} and folding.pipeline_copy_of == {0: 1}
+    assert folding.first_device == {"n2/0": "n0/0", "n3/0": "n1/0"}
+    for sync in ("sdpipe", "wsp"):
+        assert fold_replicas(replace(plan, sync=sync), own) is None
+
+
+def test_pipelines_on_other_types_or_links_are_not_folded() -> None:
+    n = len(_profile().blocks)
+    plan = Plan(4, [Pipeline(2, (1, 1), (Stage(0, n, (f"n{k}/0",), (1.0,)),)) for k in range(2)])
+    assert fold_replicas(plan, _cluster([A100, V100], per_node=1)) is None
+    assert fold_replicas(plan, _cluster([A100, A100], per_node=1)) is not None
+    two = Plan(
+        4,
+        [Pipeline(2, (1, 1), (Stage(0, 4, (f"n{k}/0",), (1.0,)), Stage(4, n, (f"n{k}/1",), (1.0,)))) for k in range(2)],
+    )
+    slow = make_cluster([("n0", [(A100, 2)]), ("n1", [(A100, 2)])], intra="600GB/s")
+    assert fold_replicas(two, slow) is not None
+    data = {
+        "schema": "hetplan/cluster/v1",
+        "name": "t",
+        "nodes": [
+            {"name": "n0", "devices": [{"type": A100, "count": 2}], "link": {"bandwidth": "600GB/s"}},
+            {"name": "n1", "devices": [{"type": A100, "count": 2}], "link": {"bandwidth": "100GB/s"}},
+        ],
+        "network": {"bandwidth": "10Gbps"},
+    }
+    assert fold_replicas(two, parse_cluster(data, file="t")) is None  # the second's stages talk slower
+
+
+def test_skipped_pipelines_compile_without_actions_and_the_rest_as_before() -> None:
+    profile, cluster = _profile(), _cluster([A100, A100, A100, A100], per_node=1)
+    n = len(profile.blocks)
+    plan = Plan(
+        4,
+        [
+            Pipeline(2, (1, 1), (Stage(0, 4, (f"n{2 * k}/0",), (1.0,)), Stage(4, n, (f"n{2 * k + 1}/0",), (1.0,))))
+            for k in range(2)
+        ],
+    )
+    full, part = compile_plan(plan, n), compile_plan(plan, n, skip={0})
+    assert part.skipped == {0} and not full.skipped
+    assert list(part.programs) == list(full.programs) and part.groups == full.groups
+    assert all(not part.programs[a].actions for a in ("n0/0", "n1/0"))
+    assert all(part.programs[a].actions == full.programs[a].actions for a in ("n2/0", "n3/0"))
+    assert [t for t in full.transfers if t.pipeline == 1] == part.transfers
+    copies = memory_copies(plan, fold_replicas(plan, cluster))
+    assert plan_memory(part, profile, cluster, optimizer="adam", plan=plan, copies=copies) == plan_memory(
+        full, profile, cluster, optimizer="adam", plan=plan
+    )
+
+
+def test_a_512_device_plan_runs_two_pipelines_and_names_the_full_critical_path(monkeypatch) -> None:
+    """The bundled 512-device cluster's plan: every figure as the full run's, from a fraction of
+    the tasks."""
+    from pathlib import Path
+
+    from hetplan.contracts import load_cluster
+
+    root = Path(__file__).resolve().parents[2]
+    cluster = load_cluster(root / "profiles" / "clusters" / "scale-a100-v100.yaml")
+    catalog = load_catalog()
+    profile = analytic_profile(
+        "gpt", SMALL_GPT | {"layers": 8}, devices=[catalog.get(t) for t in cluster.device_types], dtype="fp16"
+    )
+    n = len(profile.blocks)
+    per_pipeline = 8
+    devices = [d.address for d in cluster.devices]
+    pipelines = []
+    for k in range(len(devices) // per_pipeline):
+        mine = devices[k * per_pipeline : (k + 1) * per_pipeline]
+        cuts = [round(i * n / 4) for i in range(5)]
+        stages = tuple(
+            Stage(cuts[i], cuts[i + 1], tuple(mine[2 * i : 2 * i + 2]), (1.0,), tensor_parallel=2) for i in range(4)
+        )
+        pipelines.append(Pipeline(8, (2, 2, 2, 2), stages))
+    plan = Plan(8 * len(pipelines), pipelines)
+    folding = fold_replicas(plan, cluster)
+    assert folding is not None and len(folding.kept) <= 3 * per_pipeline
+    assert _same(plan, profile, cluster, monkeypatch)
+    assert replicas.FOLDED_SYNC_MODES == ("allreduce", "adasum", "topk")
