@@ -36,6 +36,7 @@ __all__ = [
     "block_costs",
     "hierarchical_allreduce_time",
     "ring_allreduce_time",
+    "shared_cost_model",
     "tp_allreduce_time",
 ]
 
@@ -307,3 +308,39 @@ class CostModel:
             share = self.profile.blocks[b].shard(tp).params
             params += share / (holders.get(b, 1) if holders else 1)
         return params * OPTIMIZER_STEP_BYTES[self.optimizer] / device.type.memory_bandwidth
+
+
+#: The last few cost models :func:`shared_cost_model` made, newest first, with what each was made
+#: from: (profile, its blocks list, input bytes and dtype, cluster, its collective efficiency,
+#: optimizer, model). A few: a search simulates thousands of plans of one model on one cluster, a
+#: test or a what-if a handful of pairs; the entries hold their profiles and clusters alive.
+_RECENT: list[tuple[ModelProfile, list, float, str, Cluster, float, str, CostModel]] = []
+_RECENT_SIZE = 4
+
+
+def shared_cost_model(profile: ModelProfile, cluster: Cluster, optimizer: str) -> CostModel:
+    """One :class:`CostModel` for a (profile, cluster, optimizer), made once for many simulations.
+
+    Why: a model's caches (each block's seconds at each share and degree, collective paths and
+    rings) are the same for every plan of that model on that cluster, and a search's refinement
+    simulates thousands of small plans whose pricing from scratch was a third of their time. Its
+    figures are the same floats either way (the caches only remember them). A profile or cluster
+    is matched by identity; one changed in place where the cost model reads it (its ``blocks``
+    list, ``input_bytes`` or ``dtype``, the cluster's ``collective_efficiency``) gets a fresh one."""
+    for entry in _RECENT:
+        p, blocks, input_bytes, dtype, c, efficiency, o, model = entry
+        if (
+            p is profile
+            and c is cluster
+            and o == optimizer
+            and blocks is profile.blocks
+            and input_bytes == profile.input_bytes
+            and dtype == profile.dtype
+            and efficiency == cluster.collective_efficiency
+        ):
+            return model
+    model = CostModel(profile, cluster, optimizer=optimizer)
+    fresh = (profile, profile.blocks, profile.input_bytes, profile.dtype, cluster, cluster.collective_efficiency)
+    _RECENT.insert(0, (*fresh, optimizer, model))
+    del _RECENT[_RECENT_SIZE:]
+    return model

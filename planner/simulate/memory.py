@@ -85,6 +85,7 @@ __all__ = [
     "plan_memory",
     "stage_terms",
     "static_bytes_per_param",
+    "static_stage_bytes",
     "sync_buffers",
     "sync_roles",
     "zero_checkpoint_bytes",
@@ -591,6 +592,29 @@ def _statics_of(profile: ModelProfile, optimizer: str, dtype: str) -> dict[tuple
             weakref.finalize(profile, _STATICS.pop, id(profile), None)
         entry = _STATICS[id(profile)] = (profile.blocks, profile.input_bytes, {})
     return entry[2].setdefault((optimizer, dtype), {})
+
+
+def static_stage_bytes(
+    profile: ModelProfile, start: int, end: int, *, tp: int, dtype: str, optimizer: str, sync: str, zero: int
+) -> float:
+    """Weights, gradients and optimizer state (ZeRO-1's state left out: at least nothing) of one
+    member of a degree-``tp`` stage holding blocks ``[start, end)``: what a device must hold before
+    any activation (the memory walk's static part, or less). Kept per profile (:func:`_statics_of`):
+    a search asks it of the same stages in thousands of plans."""
+    cache = _statics_of(profile, optimizer, dtype)
+    key = ("static", start, end, tp, sync == "wsp", bool(zero))
+    found = cache.get(key)
+    if found is None:
+        mixed = dtype in MIXED_PRECISION
+        terms = stage_terms(profile, start, end, tp=tp)
+        gradients = FP32_BYTES * terms.params if mixed else terms.weights
+        state = 0.0
+        if sync == "wsp":  # the optimizer steps on the parameter server: no state here
+            state = FP32_BYTES * terms.params if mixed else 0.0  # but the fp32 master copy
+        elif not zero:
+            state = optimizer_bytes(profile, start, end, optimizer=optimizer, dtype=dtype, tp=tp)
+        found = cache[key] = terms.weights + gradients + state
+    return found
 
 
 def plan_memory(

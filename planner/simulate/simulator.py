@@ -48,9 +48,9 @@ from hetplan.errors import HetplanError
 from hetplan.schedule.actions import Kind
 from hetplan.schedule.boundary import piece
 from hetplan.schedule.compile import CompiledPlan, Transfer, compile_plan, gc_paused
-from hetplan.simulate.costs import CostModel
+from hetplan.simulate.costs import CostModel, shared_cost_model
 from hetplan.simulate.engine import Engine
-from hetplan.simulate.memory import FP32_BYTES, MIXED_PRECISION, MemoryUse, optimizer_bytes, plan_memory, stage_terms
+from hetplan.simulate.memory import MemoryUse, plan_memory, static_stage_bytes
 from hetplan.simulate.replicas import Folding, fold_replicas, memory_copies
 
 __all__ = [
@@ -187,11 +187,15 @@ class SimResult:
         }
 
 
+#: Up to this many intervals :func:`_union_lengths` runs the plain loop: numpy's cost per call
+#: exceeds the loop's below it (a search's refinement simulates thousands of small plans).
+_LOOP_UNION = 256
+
+
 def _union_lengths(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, n_rows: int) -> list[float]:
     """The total length each row's intervals cover (overlaps counted once), for every row at once.
 
-    Exactly the float operations of the plain loop (sort a row's ``(lo, hi)`` pairs; merge while
-    ``lo <= hi`` of the merged run; add ``run_hi - run_lo`` of each run in order), vectorised:
+    Exactly the float operations of the plain loop (:func:`_union_lengths_loop`), vectorised:
     sort by (row, lo, hi); an interval opens a new merged segment when it starts after every
     earlier interval of its row has ended. The running maximum of ``hi`` restarts at each row by
     taking it over integer keys ``row * n + rank(hi)`` (rows ascend, so earlier rows never win).
@@ -199,6 +203,8 @@ def _union_lengths(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, n_rows: int
     n = len(rows)
     if n == 0:
         return [0.0] * n_rows
+    if n <= _LOOP_UNION:
+        return _union_lengths_loop(rows.tolist(), lo.tolist(), hi.tolist(), n_rows)
     order = np.lexsort((hi, lo, rows))
     rows, lo, hi = rows[order], lo[order], hi[order]
     by_hi = np.argsort(hi, kind="stable")
@@ -212,6 +218,25 @@ def _union_lengths(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray, n_rows: int
     last = np.append(first[1:] - 1, n - 1)
     lengths = reach_hi[last] - lo[first]
     return np.bincount(rows[first], weights=lengths, minlength=n_rows).tolist()
+
+
+def _union_lengths_loop(rows: list[int], lo: list[float], hi: list[float], n_rows: int) -> list[float]:
+    """:func:`_union_lengths` as the plain loop: sort the ``(row, lo, hi)`` triples; merge an
+    interval into the row's current run while it starts no later than the run's end; add each
+    run's ``end - start`` to its row in order."""
+    totals = [0.0] * n_rows
+    run_row, run_lo, run_hi = -1, 0.0, 0.0
+    for r, a, b in sorted(zip(rows, lo, hi, strict=True)):
+        if r == run_row and a <= run_hi:
+            if b > run_hi:
+                run_hi = b
+            continue
+        if run_row >= 0:
+            totals[run_row] += run_hi - run_lo
+        run_row, run_lo, run_hi = r, a, b
+    if run_row >= 0:
+        totals[run_row] += run_hi - run_lo
+    return totals
 
 
 # task kinds in _Tasks.kind
@@ -762,7 +787,6 @@ def _static_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> bool:
     memory walk counts (the rest is never negative), so the walk would not fit either: such a
     plan is refused without compiling it. True says nothing (the walk decides)."""
     dtype = plan.dtype or profile.dtype
-    mixed = dtype in MIXED_PRECISION
     seen: set[tuple[int, int, int, str]] = set()
     for p in plan.pipelines:
         for s in p.stages:
@@ -772,17 +796,18 @@ def _static_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> bool:
                 if key in seen:
                     continue
                 seen.add(key)
-                terms = stage_terms(profile, s.start, s.end, tp=s.tensor_parallel)
-                gradients = FP32_BYTES * terms.params if mixed else terms.weights
-                state = 0.0
-                if plan.sync == "wsp":  # the optimizer steps on the parameter server: no state here
-                    state = FP32_BYTES * terms.params if mixed else 0.0  # but the fp32 master copy
-                elif not plan.zero:
-                    state = optimizer_bytes(
-                        profile, s.start, s.end, optimizer=plan.optimizer, dtype=dtype, tp=s.tensor_parallel
-                    )
+                static = static_stage_bytes(
+                    profile,
+                    s.start,
+                    s.end,
+                    tp=s.tensor_parallel,
+                    dtype=dtype,
+                    optimizer=plan.optimizer,
+                    sync=plan.sync,
+                    zero=plan.zero,
+                )
                 # less a hair: the walk's activations may come out a few ulps below zero
-                if not device_type.fits((terms.weights + gradients + state) * (1 - 1e-9)):
+                if not device_type.fits(static * (1 - 1e-9)):
                     return False
     return True
 
@@ -809,7 +834,7 @@ def _simulate(
     copied = folding.pipeline_copy_of.keys() if folding is not None else set()
     if compiled is None or not compiled.skipped <= copied:  # a skipped pipeline must be a copy
         compiled = compile_plan(plan, len(profile.blocks))
-    costs = CostModel(profile, cluster, optimizer=plan.optimizer)
+    costs = shared_cost_model(profile, cluster, plan.optimizer)
     engine, tasks, capacity = _build(compiled, costs, cluster, plan, folding.kept if folding is not None else None)
     iteration = engine.run(capacity)
 
