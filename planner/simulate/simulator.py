@@ -757,8 +757,7 @@ def memory_if_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Walke
         # pipelines that run alike are compiled and walked once (hetplan.simulate.replicas)
         folding = fold_replicas(plan, cluster)
         copies = memory_copies(plan, folding)
-        skip = {p for p, pipeline in enumerate(plan.pipelines) if pipeline.devices()[0] in copies}
-        compiled = compile_plan(plan, len(profile.blocks), skip=skip)
+        compiled = compile_plan(plan, len(profile.blocks), skip=_copied_pipelines(plan, copies))
         memory = plan_memory(
             compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan, copies=copies
         )
@@ -779,6 +778,12 @@ def simulate_walked(plan: Plan, profile: ModelProfile, cluster: Cluster, walked:
             memory=walked.memory,
             folding=walked.folding,
         )
+
+
+def _copied_pipelines(plan: Plan, copies: dict[str, str]) -> set[int]:
+    """The pipelines whose every figure, memory included, is copied from another's (their action
+    lists are not needed: ``compile_plan(..., skip=...)``)."""
+    return {p for p, pipeline in enumerate(plan.pipelines) if pipeline.devices()[0] in copies}
 
 
 def _static_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> bool:
@@ -831,9 +836,9 @@ def _simulate(
         folding = None
     elif isinstance(folding, str):
         folding = fold_replicas(plan, cluster)
-    copied = folding.pipeline_copy_of.keys() if folding is not None else set()
-    if compiled is None or not compiled.skipped <= copied:  # a skipped pipeline must be a copy
-        compiled = compile_plan(plan, len(profile.blocks))
+    copies = memory_copies(plan, folding)
+    if compiled is None or not compiled.skipped <= _copied_pipelines(plan, copies):  # skipped: copies only
+        compiled = compile_plan(plan, len(profile.blocks), skip=_copied_pipelines(plan, copies))
     costs = shared_cost_model(profile, cluster, plan.optimizer)
     engine, tasks, capacity = _build(compiled, costs, cluster, plan, folding.kept if folding is not None else None)
     iteration = engine.run(capacity)
@@ -893,7 +898,9 @@ def _simulate(
 
     devices: dict[str, DeviceStats] = {}
     total_compute = 0.0
-    memory_of = memory or plan_memory(compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan)
+    memory_of = memory or plan_memory(
+        compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan, copies=copies
+    )
     for i, (address, program) in enumerate(compiled.programs.items()):
         device = cluster.device(address)
         memory = memory_of[address]
