@@ -21,8 +21,10 @@ launch costs are in the profile's block times (the catalog's ``efficiency.launch
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 from hetplan.contracts.catalog import DeviceType
 from hetplan.contracts.cluster import Cluster, Device, Link
@@ -33,6 +35,7 @@ from hetplan.errors import HetplanError
 __all__ = [
     "OPTIMIZER_STEP_BYTES",
     "CostModel",
+    "ProfileSnapshot",
     "block_costs",
     "hierarchical_allreduce_time",
     "ring_allreduce_time",
@@ -310,11 +313,38 @@ class CostModel:
         return params * OPTIMIZER_STEP_BYTES[self.optimizer] / device.type.memory_bandwidth
 
 
-#: The last few cost models :func:`shared_cost_model` made, newest first, with what each was made
-#: from: (profile, its blocks list, input bytes and dtype, cluster, its collective efficiency,
-#: optimizer, model). A few: a search simulates thousands of plans of one model on one cluster, a
-#: test or a what-if a handful of pairs; the entries hold their profiles and clusters alive.
-_RECENT: list[tuple[ModelProfile, list, float, str, Cluster, float, str, CostModel]] = []
+class ProfileSnapshot(NamedTuple):
+    """What the cost model and the memory walk read of a profile, by identity: its blocks (each
+    kept, so none is freed and its ``id`` reused), input bytes and dtype. A cache made for one
+    profile serves it again only while :meth:`holds` (a block replaced in the list, or the list
+    replaced, starts the cache afresh). Not seen: a block's ``times`` or ``tensor_parallel`` dict
+    changed in place after the profile was first simulated (nothing in hetplan does; build a new
+    block instead)."""
+
+    blocks: tuple
+    input_bytes: float
+    dtype: str
+
+    @classmethod
+    def of(cls, profile: ModelProfile) -> ProfileSnapshot:
+        return cls(tuple(profile.blocks), profile.input_bytes, profile.dtype)
+
+    def holds(self, profile: ModelProfile) -> bool:
+        """Whether ``profile`` still has these blocks (the same objects), input bytes and dtype."""
+        return (
+            len(self.blocks) == len(profile.blocks)
+            and all(map(operator.is_, self.blocks, profile.blocks))
+            and self.input_bytes == profile.input_bytes
+            and self.dtype == profile.dtype
+        )
+
+
+#: The last few cost models :func:`shared_cost_model` made, newest first: (profile, what it held,
+#: cluster, its collective efficiency, optimizer, model). A few: a search simulates thousands of
+#: plans of one model on one cluster, a test or a what-if a handful of pairs; the entries hold their
+#: profiles and clusters alive, and each model's caches (bounded by the block ranges, shares and
+#: node sets priced) with them.
+_RECENT: list[tuple[ModelProfile, ProfileSnapshot, Cluster, float, str, CostModel]] = []
 _RECENT_SIZE = 4
 
 
@@ -325,22 +355,18 @@ def shared_cost_model(profile: ModelProfile, cluster: Cluster, optimizer: str) -
     rings) are the same for every plan of that model on that cluster, and a search's refinement
     simulates thousands of small plans whose pricing from scratch was a third of their time. Its
     figures are the same floats either way (the caches only remember them). A profile or cluster
-    is matched by identity; one changed in place where the cost model reads it (its ``blocks``
-    list, ``input_bytes`` or ``dtype``, the cluster's ``collective_efficiency``) gets a fresh one."""
-    for entry in _RECENT:
-        p, blocks, input_bytes, dtype, c, efficiency, o, model = entry
+    is matched by identity; a profile changed where the cost model reads it
+    (:class:`ProfileSnapshot`) or a cluster whose ``collective_efficiency`` changed gets a fresh one."""
+    for p, snapshot, c, efficiency, o, model in _RECENT:
         if (
             p is profile
             and c is cluster
             and o == optimizer
-            and blocks is profile.blocks
-            and input_bytes == profile.input_bytes
-            and dtype == profile.dtype
             and efficiency == cluster.collective_efficiency
+            and snapshot.holds(profile)
         ):
             return model
     model = CostModel(profile, cluster, optimizer=optimizer)
-    fresh = (profile, profile.blocks, profile.input_bytes, profile.dtype, cluster, cluster.collective_efficiency)
-    _RECENT.insert(0, (*fresh, optimizer, model))
+    _RECENT.insert(0, (profile, ProfileSnapshot.of(profile), cluster, cluster.collective_efficiency, optimizer, model))
     del _RECENT[_RECENT_SIZE:]
     return model

@@ -65,6 +65,7 @@ from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Plan
 from hetplan.schedule.actions import Kind
 from hetplan.schedule.compile import CompiledPlan, DeviceProgram
+from hetplan.simulate.costs import ProfileSnapshot
 
 __all__ = [
     "ADASUM_DOT_CHUNK",
@@ -579,19 +580,18 @@ def comm_buffer_bytes(device_type: DeviceType, communicators: int) -> float:
 #: the stage figures :func:`_device_memory` computed. A search walks the memory of thousands of plans
 #: whose stages recur (the same cut at the same degree, recomputation and holders), each stage's
 #: figures a sum over its blocks: computed once a profile, not once a plan.
-_STATICS: dict[int, tuple[list, float, dict[tuple[str, str], dict[tuple, tuple]]]] = {}
+_STATICS: dict[int, tuple[ProfileSnapshot, dict[tuple[str, str], dict[tuple, tuple]]]] = {}
 
 
 def _statics_of(profile: ModelProfile, optimizer: str, dtype: str) -> dict[tuple, tuple]:
     """The stage figures already computed for ``profile`` at ``optimizer`` and ``dtype`` (a dict to
-    fill). Profiles are not changed in place on the planning path; one whose ``blocks`` list or
-    ``input_bytes`` was replaced starts afresh (a Block is frozen)."""
+    fill); afresh where the profile changed what the figures read (:class:`ProfileSnapshot`)."""
     entry = _STATICS.get(id(profile))
-    if entry is None or entry[0] is not profile.blocks or entry[1] != profile.input_bytes:
+    if entry is None or not entry[0].holds(profile):
         if entry is None:
             weakref.finalize(profile, _STATICS.pop, id(profile), None)
-        entry = _STATICS[id(profile)] = (profile.blocks, profile.input_bytes, {})
-    return entry[2].setdefault((optimizer, dtype), {})
+        entry = _STATICS[id(profile)] = (ProfileSnapshot.of(profile), {})
+    return entry[1].setdefault((optimizer, dtype), {})
 
 
 def static_stage_bytes(

@@ -239,6 +239,10 @@ def _union_lengths_loop(rows: list[int], lo: list[float], hi: list[float], n_row
     return totals
 
 
+#: The ``op`` of ZeRO-1's all-gather of updated parameters (after every holder's step): the tasks
+#: numbered last, which :class:`_FoldedNames` tells apart from the collectives before the steps.
+_ZERO_GATHER = "all-gather"
+
 # task kinds in _Tasks.kind
 _F, _B, _SEND, _AR, _STEP, _GATHER = 0, 1, 2, 3, 4, 5
 
@@ -485,7 +489,7 @@ def _build(
     last_gather: dict[str, int] = {}
     for gid, seconds in gathers:  # ZeRO-1: updated parameters gathered once every holder has stepped
         group = compiled.groups[gid]
-        t = engine.add_fixed(seconds, TaskInfo("allreduce", group.devices[0], -1, -1, group=gid, op="all-gather"))
+        t = engine.add_fixed(seconds, TaskInfo("allreduce", group.devices[0], -1, -1, group=gid, op=_ZERO_GATHER))
         kinds.append(_AR)
         rows.append(-1)
         peers.append(gid)
@@ -667,7 +671,12 @@ class _FoldedNames:
     The full run's path starts at the first task, in its numbering, of those that end last. Its
     numbering runs kind by kind (computes, boundary gathers, transfers, collectives, steps, ZeRO's
     gathers), pipeline by pipeline inside a kind; a representative's task stands for its
-    counterparts, the first of which is its class's first pipeline's."""
+    counterparts, the first of which is its class's first pipeline's. From there the full path runs
+    through that first pipeline as the representative's runs through its own (the same durations,
+    the same order of events inside a pipeline) until it reaches a collective. Assumed, not proved:
+    that no step's predecessor inside its pipeline ends at exactly the float its collective ends at
+    (the two counterparts could then be released by different ones); random plans with whole-second
+    and zero block times, built to tie, have not produced one (tests/simulate/test_replicas.py)."""
 
     def __init__(self, folding: Folding, compiled: CompiledPlan, tasks: _Tasks) -> None:
         self.folding = folding
@@ -677,7 +686,7 @@ class _FoldedNames:
     def _order(self, engine: Engine, t: int) -> tuple[int, int, int]:
         kind, row = self.tasks.kind[t], self.tasks.row[t]
         if kind == _AR:  # shared by every pipeline: numbered the same in both runs
-            return (5 if engine.meta[t].op == "all-gather" else 3), -1, t
+            return (5 if engine.meta[t].op == _ZERO_GATHER else 3), -1, t
         rank = {_F: 0, _B: 0, _GATHER: 1, _SEND: 2, _STEP: 4}[kind]
         pipeline = self.pipeline_of_row[row]
         first = self.folding.first_of.get(pipeline, pipeline)
@@ -743,7 +752,7 @@ class Walked:
     needs besides the plan (split from the event run so a caller can check many plans' memory and
     simulate only those it still wants)."""
 
-    compiled: CompiledPlan
+    compiled: CompiledPlan  # copied pipelines without actions (``compiled.skipped``): for the event run only
     memory: dict[str, MemoryUse]
     folding: Folding | None = None  # the pipelines that run alike (hetplan.simulate.replicas)
 
@@ -837,8 +846,9 @@ def _simulate(
     elif isinstance(folding, str):
         folding = fold_replicas(plan, cluster)
     copies = memory_copies(plan, folding)
-    if compiled is None or not compiled.skipped <= _copied_pipelines(plan, copies):  # skipped: copies only
-        compiled = compile_plan(plan, len(profile.blocks), skip=_copied_pipelines(plan, copies))
+    copied = _copied_pipelines(plan, copies)
+    if compiled is None or not compiled.skipped <= copied:  # a skipped pipeline must be a copy
+        compiled = compile_plan(plan, len(profile.blocks), skip=copied)
     costs = shared_cost_model(profile, cluster, plan.optimizer)
     engine, tasks, capacity = _build(compiled, costs, cluster, plan, folding.kept if folding is not None else None)
     iteration = engine.run(capacity)
