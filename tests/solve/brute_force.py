@@ -151,15 +151,18 @@ def space_size(profile: ModelProfile, cluster: Cluster, batch: int) -> int:
 def _with_recompute(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Plan | None:
     """Each stage at the first recomputation of ``ORDER`` with which its devices fit, or None."""
     n = len(profile.blocks)
+    stages = sum(len(p.stages) for p in plan.pipelines)
     settled: dict[tuple[int, int], str] = {}
     for mode in ORDER:
+        if len(settled) == stages:  # every stage fits already: a later mode would settle none
+            break
         trial = _recomputed(plan, settled, mode)
         memory = plan_memory(compile_plan(trial, n), profile, cluster, optimizer=plan.optimizer, plan=trial)
         for pi, p in enumerate(trial.pipelines):
             for si, s in enumerate(p.stages):
                 if (pi, si) not in settled and all(memory[a].fits for a in s.devices):
                     settled[(pi, si)] = mode
-    if len(settled) < sum(len(p.stages) for p in plan.pipelines):
+    if len(settled) < stages:
         return None
     return _recomputed(plan, settled, "none")
 
