@@ -576,7 +576,7 @@ def comm_buffer_bytes(device_type: DeviceType, communicators: int) -> float:
     return float(communicators * NCCL_CHANNELS * NCCL_BUFFSIZE)
 
 
-#: Per profile (by identity, dropped with it): the list of blocks it had and, per (optimizer, dtype),
+#: Per profile (by identity, dropped with it): what it held (:class:`ProfileSnapshot`) and, per (optimizer, dtype),
 #: the stage figures :func:`_device_memory` computed. A search walks the memory of thousands of plans
 #: whose stages recur (the same cut at the same degree, recomputation and holders), each stage's
 #: figures a sum over its blocks: computed once a profile, not once a plan.

@@ -40,7 +40,7 @@ from hetplan.contracts.cluster import Cluster
 from hetplan.contracts.plan import Pipeline, Plan
 from hetplan.errors import HetplanError
 
-__all__ = ["Folding", "fold_replicas", "memory_copies"]
+__all__ = ["Folding", "fold_replicas", "memory_copies", "uncompiled_pipelines"]
 
 #: Sync modes whose pipelines may be folded (above).
 FOLDED_SYNC_MODES = ("allreduce", "adasum", "topk")
@@ -114,6 +114,14 @@ def memory_copies(plan: Plan, folding: Folding | None) -> dict[str, str]:
     if folding is None or plan.sync not in ("allreduce", "topk"):
         return {}
     return folding.copy_of
+
+
+def uncompiled_pipelines(plan: Plan, folding: Folding | None) -> frozenset[int]:
+    """The pipelines whose every figure, memory included, is copied (:func:`memory_copies`): their
+    action lists are not needed (``compile_plan(..., skip=...)``)."""
+    if not memory_copies(plan, folding):
+        return frozenset()
+    return frozenset(folding.pipeline_copy_of)  # type: ignore[union-attr] (copies imply a folding)
 
 
 def _signature(pipeline: Pipeline, cluster: Cluster) -> tuple[tuple | None, set[str]]:

@@ -51,7 +51,7 @@ from hetplan.schedule.compile import CompiledPlan, Transfer, compile_plan, gc_pa
 from hetplan.simulate.costs import CostModel, shared_cost_model
 from hetplan.simulate.engine import Engine
 from hetplan.simulate.memory import MemoryUse, plan_memory, static_stage_bytes
-from hetplan.simulate.replicas import Folding, fold_replicas, memory_copies
+from hetplan.simulate.replicas import Folding, fold_replicas, memory_copies, uncompiled_pipelines
 
 __all__ = [
     "DeviceStats",
@@ -766,7 +766,7 @@ def memory_if_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> Walke
         # pipelines that run alike are compiled and walked once (hetplan.simulate.replicas)
         folding = fold_replicas(plan, cluster)
         copies = memory_copies(plan, folding)
-        compiled = compile_plan(plan, len(profile.blocks), skip=_copied_pipelines(plan, copies))
+        compiled = compile_plan(plan, len(profile.blocks), skip=uncompiled_pipelines(plan, folding))
         memory = plan_memory(
             compiled, profile, cluster, optimizer=plan.optimizer, dtype=plan.dtype, plan=plan, copies=copies
         )
@@ -787,12 +787,6 @@ def simulate_walked(plan: Plan, profile: ModelProfile, cluster: Cluster, walked:
             memory=walked.memory,
             folding=walked.folding,
         )
-
-
-def _copied_pipelines(plan: Plan, copies: dict[str, str]) -> set[int]:
-    """The pipelines whose every figure, memory included, is copied from another's (their action
-    lists are not needed: ``compile_plan(..., skip=...)``)."""
-    return {p for p, pipeline in enumerate(plan.pipelines) if pipeline.devices()[0] in copies}
 
 
 def _static_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> bool:
@@ -846,7 +840,7 @@ def _simulate(
     elif isinstance(folding, str):
         folding = fold_replicas(plan, cluster)
     copies = memory_copies(plan, folding)
-    copied = _copied_pipelines(plan, copies)
+    copied = uncompiled_pipelines(plan, folding)
     if compiled is None or not compiled.skipped <= copied:  # a skipped pipeline must be a copy
         compiled = compile_plan(plan, len(profile.blocks), skip=copied)
     costs = shared_cost_model(profile, cluster, plan.optimizer)
@@ -885,6 +879,8 @@ def _simulate(
     ar_rows, ar_lo, ar_hi = [], [], []  # an all-reduce keeps every device of its group communicating
     for t in np.flatnonzero(kind == _AR).tolist():
         for address in compiled.groups[tasks.peer[t]].devices:
+            if folding is not None and address not in folding.kept:
+                continue  # a copied device's figures are its representative's (below)
             ar_rows.append(index[address])
             ar_lo.append(engine.start[t])
             ar_hi.append(engine.end[t])
