@@ -49,6 +49,7 @@ __all__ = [
     "Block",
     "ModelProfile",
     "Shard",
+    "SharedParams",
     "TensorParallel",
     "Timing",
     "load_profile",
@@ -170,6 +171,44 @@ class Block:
         return self.times if tp == 1 else self.tensor_parallel[tp].times
 
 
+@dataclass(frozen=True)
+class SharedParams:
+    """Parameters several blocks hold (an LM head tied to the token embedding, a layer used twice):
+    listed once in the profile, the blocks' own ``params`` not counting them (DESIGN.md, "Shared
+    (tied) parameters"). Every device holding one of ``blocks`` keeps a copy (the runtime's
+    :mod:`hetplan.runtime.parallel.tied`): its weights, gradient and optimizer state, once however
+    many of the holders it has; the copies' gradients are summed over every holder at the step."""
+
+    name: str
+    params: int
+    param_bytes: float
+    blocks: tuple[int, ...]  # the holders, ascending
+    # degree -> (params, param_bytes) one member of a degree-t group keeps (a vocabulary-parallel
+    # tied table: 1/t of its rows); a degree not listed keeps the whole of it on every member
+    tensor_parallel: dict[int, tuple[int, float]] = field(default_factory=dict)
+
+    def at(self, tp: int = 1) -> tuple[int, float]:
+        """(params, param_bytes) one member of a degree-``tp`` group holds."""
+        return self.tensor_parallel.get(tp, (self.params, self.param_bytes))
+
+    def held_by(self, start: int, end: int) -> bool:
+        """Whether a stage of blocks ``[start, end)`` holds a copy."""
+        return any(start <= b < end for b in self.blocks)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "params": self.params,
+            "param_bytes": self.param_bytes,
+            "blocks": list(self.blocks),
+        }
+        if self.tensor_parallel:
+            out["tensor_parallel"] = {
+                t: {"params": p, "param_bytes": b} for t, (p, b) in sorted(self.tensor_parallel.items())
+            }
+        return out
+
+
 def _interpolate(points: dict[int, Timing], m: float) -> tuple[float, float]:
     sizes = sorted(points)
     if m <= 0:
@@ -204,10 +243,27 @@ class ModelProfile:
     input_bytes: float = 0.0  # per sample, the batch fed to block 0
     source: dict[str, Any] = field(default_factory=dict)
     file: str | None = None
+    shared: list[SharedParams] = field(default_factory=list)  # parameters several blocks hold
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def total_params(self) -> int:
+        """Every parameter of the model once: the blocks' own and each shared entry."""
+        return sum(b.params for b in self.blocks) + sum(s.params for s in self.shared)
+
+    def shared_held(self, start: int, end: int, tp: int = 1) -> tuple[float, float]:
+        """(params, param_bytes) of the shared parameters one member of a degree-``tp`` stage of
+        blocks ``[start, end)`` keeps beside its blocks' own: each entry it holds a block of, once."""
+        params = weights = 0.0
+        for entry in self.shared:
+            if entry.held_by(start, end):
+                p, w = entry.at(tp)
+                params += p
+                weights += w
+        return params, weights
 
     def device_types(self) -> list[str]:
         """Device type names that every block has times for, in first-seen order."""
@@ -323,6 +379,8 @@ class ModelProfile:
         if self.source:
             out["source"] = self.source
         out["blocks"] = [b.to_dict() for b in self.blocks]
+        if self.shared:
+            out["shared"] = [entry.to_dict() for entry in self.shared]
         return out
 
     def save(self, path: str | Path) -> None:
@@ -449,12 +507,67 @@ def parse_profile(data: dict[str, Any], *, file: str | None = None) -> ModelProf
         )
         b.done()
         blocks.append(block)
+    shared = _parse_shared(f, blocks, dtype_bytes)
     f.done()
     profile = ModelProfile(
-        model=dict(model.data), dtype=dtype, blocks=blocks, input_bytes=input_bytes, source=source, file=file
+        model=dict(model.data),
+        dtype=dtype,
+        blocks=blocks,
+        input_bytes=input_bytes,
+        source=source,
+        file=file,
+        shared=shared,
     )
     _check_times_complete(profile, f)
     return profile
+
+
+def _parse_shared(f: Fields, blocks: list[Block], dtype_bytes: int) -> list[SharedParams]:
+    """``shared: [{name, params, blocks: [i, j], param_bytes?, tensor_parallel?: {t: {params,
+    param_bytes?}}}]``: each entry's holders are block indices, at least two, each listed once; a
+    block may hold several entries, an entry's name is unique."""
+    out: list[SharedParams] = []
+    names: set[str] = set()
+    for k, item in enumerate(f.list("shared", [], non_empty=False)):
+        if not isinstance(item, Fields):
+            raise f.error("expected each shared entry to be a mapping {name, params, blocks}", f"shared[{k}]")
+        name = item.str("name")
+        if name in names:
+            raise item.error(f"duplicate shared parameter name {name!r}", "name")
+        names.add(name)
+        params = item.integer("params", minimum=0)
+        holders = item.raw("blocks")
+        if (
+            not isinstance(holders, list)
+            or not all(isinstance(b, int) and not isinstance(b, bool) for b in holders)
+            or len(holders) < 2
+            or len(set(holders)) != len(holders)
+        ):
+            raise item.error(f"expected two or more distinct block indices, got {holders!r}", "blocks")
+        for b in holders:
+            if not 0 <= b < len(blocks):
+                raise item.error(f"block {b} does not exist (the profile has blocks 0 to {len(blocks) - 1})", "blocks")
+        degrees: dict[int, tuple[int, float]] = {}
+        for degree, value in item.mapping_items("tensor_parallel", {}):
+            if isinstance(degree, bool) or not isinstance(degree, int) or degree < 2:
+                raise item.error(f"tensor-parallel degrees must be integers >= 2, got {degree!r}", "tensor_parallel")
+            d = Fields(value, file=item.file, path=f"{item.where('tensor_parallel')}.{degree}")
+            member = d.integer("params", minimum=0)
+            if member > params:
+                raise d.error(f"a member cannot hold more than the entry's {params} parameters", "params")
+            degrees[degree] = (member, d.number("param_bytes", float(member * dtype_bytes), minimum=0.0))
+            d.done()
+        out.append(
+            SharedParams(
+                name=name,
+                params=params,
+                param_bytes=item.number("param_bytes", float(params * dtype_bytes), minimum=0.0),
+                blocks=tuple(sorted(holders)),
+                tensor_parallel=dict(sorted(degrees.items())),
+            )
+        )
+        item.done()
+    return out
 
 
 def _check_times_complete(profile: ModelProfile, f: Fields) -> None:

@@ -49,6 +49,7 @@ __all__ = [
     "Stage",
     "check_dtype_supported",
     "check_plan",
+    "check_shared_parameters",
     "load_plan",
     "load_plan_inputs",
     "parse_pipelines",
@@ -549,7 +550,39 @@ def check_plan(plan: Plan, cluster: Cluster, profile: ModelProfile) -> None:
         raise HetplanError(
             f"plan dtype {plan.dtype} differs from the profile's {profile.dtype}", file=plan.file, field="dtype"
         )
+    check_shared_parameters(plan, profile)
     check_dtype_supported(cluster, plan.dtype or profile.dtype, plan.all_devices(), file=plan.file, field="dtype")
+
+
+def check_shared_parameters(plan: Plan, profile: ModelProfile) -> None:
+    """Refuse what the runtime cannot do with the profile's shared (tied) parameters: shard their
+    optimizer state (ZeRO-1), sync them by a mode that does not sum gradients, or hold them at two
+    tensor-parallel degrees (:func:`hetplan.runtime.parallel.tied.check_tied_plan` says the same at
+    run time; here a plan is refused before it is timed)."""
+    if not profile.shared:
+        return
+    names = ", ".join(entry.name for entry in profile.shared)
+    if plan.zero == 1:
+        raise HetplanError(
+            f"the profile shares parameters ({names}); ZeRO-1 does not support that yet, plan with zero: 0",
+            file=plan.file,
+            field="zero",
+        )
+    if plan.sync != "allreduce":
+        raise HetplanError(
+            f"the profile shares parameters ({names}); sync {plan.sync} does not sum their gradients, use allreduce",
+            file=plan.file,
+            field="sync",
+        )
+    for entry in profile.shared:
+        degrees = {s.tensor_parallel for p in plan.pipelines for s in p.stages if entry.held_by(s.start, s.end)}
+        if len(degrees) > 1:
+            raise HetplanError(
+                f"shared parameter {entry.name} is held at tensor-parallel degrees "
+                f"{', '.join(map(str, sorted(degrees)))}: every holder needs one degree",
+                file=plan.file,
+                field="pipelines",
+            )
 
 
 def check_dtype_supported(

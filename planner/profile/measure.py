@@ -47,7 +47,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from hetplan.contracts.catalog import DTYPES, Catalog, DeviceType, load_catalog
-from hetplan.contracts.model_profile import Block, ModelProfile, TensorParallel, Timing
+from hetplan.contracts.model_profile import Block, ModelProfile, SharedParams, TensorParallel, Timing
 from hetplan.errors import HetplanError
 from hetplan.models import ZooModel, resolve_model
 from hetplan.models.gpt_tp import TpGroup, VocabParallelEmbedding, VocabParallelHead
@@ -629,10 +629,10 @@ def _measure(
         }
     del inputs
     out_blocks = []
-    counted: set[int] = set()  # a parameter blocks share (tied) is counted in the first block holding it
+    shared, tied_ids = _shared_entries(zoo, blocks, names, per_degree)
     for i, block in enumerate(blocks):
-        params = [p for p in block.parameters() if id(p) not in counted]
-        counted.update(id(p) for p in params)
+        # a parameter blocks share (tied) is listed once, under ``shared``, not in any block
+        params = list({id(p): p for p in block.parameters() if id(p) not in tied_ids}.values())
         flops, kept, out_bytes = stats[i]
         by_degree = {t: found[i] for t, found in per_degree.items()}
         times = {m: _timing(fwd[i, m], bwd[i, m]) for m in sizes}
@@ -649,7 +649,10 @@ def _measure(
                 selective_bytes=selective[i],
                 # a replicated block's times at degree t are its own (times {} from _measure_degree)
                 tensor_parallel={
-                    t: TensorParallel(**{**data, "times": data["times"] or {type_name: dict(times)}})
+                    t: TensorParallel(
+                        **{k: v for k, v in data.items() if k not in ("tied", "times")},
+                        times=data["times"] or {type_name: dict(times)},
+                    )
                     for t, data in by_degree.items()
                 },
             )
@@ -688,7 +691,38 @@ def _measure(
         blocks=out_blocks,
         input_bytes=float(math.prod(zoo.sample_shape()) * element.element_size()),
         source=source,
+        shared=shared,
     )
+
+
+def _shared_entries(
+    zoo: ZooModel, blocks: list[nn.Module], names: list[str], per_degree: dict[int, list[dict[str, Any]]]
+) -> tuple[list[SharedParams], set[int]]:
+    """The model's tied parameters as the profile's ``shared`` entries (named by their canonical
+    member, ``<block>.<parameter>``; at each measured degree the member's shard, ``_measure_degree``'s
+    ``tied`` figures), and the ids of the parameter objects they cover."""
+    entries: list[SharedParams] = []
+    ids: set[int] = set()
+    for group in zoo.tied_parameters():
+        owner, name = group[0]
+        module = blocks[owner].block if isinstance(blocks[owner], _CarryDtype) else blocks[owner]
+        p = module.get_parameter(name)
+        ids.add(id(p))
+        degrees = {}
+        for t, found in per_degree.items():
+            tied = found[owner].get("tied", {}).get(name)
+            if tied is not None:
+                degrees[t] = tied
+        entries.append(
+            SharedParams(
+                name=f"{names[owner]}.{name}",
+                params=p.numel(),
+                param_bytes=float(p.numel() * p.element_size()),
+                blocks=tuple(sorted({b for b, _ in group})),
+                tensor_parallel=degrees,
+            )
+        )
+    return entries, ids
 
 
 # --------------------------------------------------------------------------- tensor parallelism
@@ -758,9 +792,13 @@ def _measure_degree(
     group = TpGroup(None, t, 0, communicate=False, vocab=True)
     mixed = torch_dtype in (torch.float16, torch.bfloat16)
     clock = _Clock(dev)
+    tied_names: dict[int, set[str]] = {}  # block -> its tied parameters' names (listed under ``shared``)
+    for members in zoo.tied_parameters():
+        for b, name in members:
+            tied_names.setdefault(b, set()).add(name)
     for i, block in enumerate(blocks):
         inner = block.block if isinstance(block, _CarryDtype) else block
-        params = list(inner.parameters())
+        params = [p for name, p in inner.named_parameters() if name not in tied_names.get(i, ())]
         full_params = sum(p.numel() for p in params)
         full = zoo.build_block(i, seed)
         shard = shard_model_block(zoo, i, full, group)
@@ -793,10 +831,17 @@ def _measure_degree(
                 f, b, _ = _run_once(run, inputs[s][i], ends[s], clock)
                 fwd[s].append(f)
                 bwd[s].append(b)
+        own = [p for name, p in shard.named_parameters() if name not in tied_names.get(i, ())]
+        tied = {
+            name: (p.numel(), float(p.numel() * p.element_size()))
+            for name, p in shard.named_parameters()
+            if name in tied_names.get(i, ())
+        }
         out.append(
             {
-                "params": sum(p.numel() for p in shard.parameters()),
-                "param_bytes": float(sum(p.numel() * p.element_size() for p in shard.parameters())),
+                "params": sum(p.numel() for p in own),
+                "param_bytes": float(sum(p.numel() * p.element_size() for p in own)),
+                "tied": tied,  # the tied parameters' shards (SharedParams.tensor_parallel), popped below
                 "activation_bytes": kept,
                 "allreduce_bytes": _tp_allreduce_bytes(shard, out_bytes, inputs[m][i], finishes[m], m),
                 "times": {type_name: {s: _timing(fwd[s], bwd[s]) for s in sizes}},

@@ -109,7 +109,7 @@ def measure_request(
 def summary_lines(profile: ModelProfile, output: str) -> tuple[list[str], str]:
     """Notes worth a look (a measured zoo model whose bytes differ from the analytic formulas) and
     the one line saying what was written."""
-    params = sum(b.params for b in profile.blocks)
+    params = profile.total_params
     carried = profile.source.get("carried", {}).get("to", [])
     measured = profile.source.get("measured") is not None or any(
         t.source == "measured" for b in profile.blocks for by_size in b.times.values() for t in by_size.values()

@@ -45,9 +45,9 @@ block must use the same degree (the plan contract checks it).
 from __future__ import annotations
 
 import gc
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -55,7 +55,17 @@ from hetplan.contracts.plan import Plan, split_micro_batch
 from hetplan.errors import HetplanError
 from hetplan.schedule.actions import Action, Kind
 
-__all__ = ["CompiledPlan", "DeviceProgram", "GradGroup", "Transfer", "compile_plan", "gradient_groups", "stage_order"]
+__all__ = [
+    "CompiledPlan",
+    "DeviceProgram",
+    "GradGroup",
+    "Transfer",
+    "compile_plan",
+    "gradient_groups",
+    "shared_groups",
+    "stage_order",
+    "with_shared_groups",
+]
 
 
 class Transfer(NamedTuple):
@@ -92,6 +102,9 @@ class GradGroup:
     devices: tuple[str, ...]
     tensor_parallel: int = 1
     tp_rank: int = 0
+    #: a shared (tied) parameter's group (:func:`shared_groups`): the index of its entry in the
+    #: model profile's ``shared`` list, ``blocks`` empty; -1 for a group of blocks
+    shared: int = -1
 
 
 @dataclass
@@ -127,6 +140,9 @@ class CompiledPlan:
     #: sits and what share it computes): a simulation that copies them from pipelines that run alike
     #: (:mod:`hetplan.simulate.replicas`) needs no more of them
     skipped: frozenset[int] = frozenset()
+    #: ``groups`` ends with the shared parameters' groups (:func:`shared_groups`; the simulator and
+    #: the memory walk add them, the runtime makes its own: :mod:`hetplan.runtime.parallel.tied`)
+    with_shared: bool = False
 
 
 @lru_cache(maxsize=4096)
@@ -173,6 +189,43 @@ def gradient_groups(plan: Plan, n_blocks: int) -> list[GradGroup]:
         for k in range(t):  # the k-th member of every replica: the holders of shard k
             groups.append(GradGroup(len(groups), tuple(blocks), devices[k::t], tensor_parallel=t, tp_rank=k))
     return groups
+
+
+def shared_groups(plan: Plan, holders: Sequence[Sequence[int]], first_id: int) -> list[GradGroup]:
+    """One group per shared (tied) parameter entry and shard place, numbered from ``first_id``: the
+    devices holding any of the entry's blocks ``holders[i]`` (at degree ``t``, the ``k``-th members of
+    each holding replica: shard ``k`` of a vocabulary-parallel tied table), in program order. The
+    runtime sums such a gradient over exactly these devices at the step, after the gradient groups'
+    all-reduces (:class:`hetplan.runtime.parallel.tied.TiedParams`). Empty for the sync modes that
+    refuse tied parameters (only ``allreduce`` sums their gradients)."""
+    if plan.sync != "allreduce":
+        return []
+    groups: list[GradGroup] = []
+    for index, blocks in enumerate(holders):
+        places: dict[int, list[str]] = {}
+        degree = 1
+        for p in plan.pipelines:
+            for s in p.stages:
+                if any(s.start <= b < s.end for b in blocks):
+                    degree = s.tensor_parallel
+                    for i, address in enumerate(s.devices):
+                        places.setdefault(i % s.tensor_parallel, []).append(address)
+        for k in sorted(places):
+            devices = tuple(places[k])
+            groups.append(
+                GradGroup(first_id + len(groups), (), devices, tensor_parallel=degree, tp_rank=k, shared=index)
+            )
+    return groups
+
+
+def with_shared_groups(compiled: CompiledPlan, plan: Plan, holders: Sequence[Sequence[int]]) -> CompiledPlan:
+    """``compiled`` with the shared parameters' groups after its own (:func:`shared_groups`); the
+    same object where there are none or it has them already. No action is added: the simulator
+    times them at the step and the walk counts their communicators."""
+    if compiled.with_shared or not holders:
+        return compiled
+    extra = shared_groups(plan, holders, len(compiled.groups))
+    return replace(compiled, groups=[*compiled.groups, *extra], with_shared=True)
 
 
 def _reshard(

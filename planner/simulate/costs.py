@@ -194,6 +194,12 @@ class CostModel:
             return 4.0 * sum(s.params for s in shards)
         return sum(s.param_bytes for s in shards)
 
+    def shared_gradient_bytes(self, index: int, tp: int = 1) -> float:
+        """Bytes of the gradient of the profile's shared entry ``index`` as its holders all-reduce
+        it (one member's at degree ``tp``), by the rule of :meth:`gradient_bytes`."""
+        params, param_bytes = self.profile.shared[index].at(tp)
+        return 4.0 * params if self.profile.dtype in ("fp16", "bf16") else param_bytes
+
     def network_link(self, node_a: str, node_b: str) -> Link:
         """The path between two nodes as one stream sees it: the inter-node link, capped by the
         sender's and the receiver's network interface (``nic``), which the link may exceed.
@@ -304,12 +310,14 @@ class CostModel:
                 params = 0.0
                 for b in range(start, end):
                     params += self.profile.blocks[b].shard(tp).params / shared
+                params += self.profile.shared_held(start, end, tp)[0]  # tied copies: stepped whole
                 self._step_params[key] = params
             return params * OPTIMIZER_STEP_BYTES[self.optimizer] / device.type.memory_bandwidth
         params = 0.0
         for b in range(start, end):
             share = self.profile.blocks[b].shard(tp).params
             params += share / (holders.get(b, 1) if holders else 1)
+        params += self.profile.shared_held(start, end, tp)[0]
         return params * OPTIMIZER_STEP_BYTES[self.optimizer] / device.type.memory_bandwidth
 
 
@@ -324,18 +332,21 @@ class ProfileSnapshot(NamedTuple):
     blocks: tuple
     input_bytes: float
     dtype: str
+    shared: tuple = ()
 
     @classmethod
     def of(cls, profile: ModelProfile) -> ProfileSnapshot:
-        return cls(tuple(profile.blocks), profile.input_bytes, profile.dtype)
+        return cls(tuple(profile.blocks), profile.input_bytes, profile.dtype, tuple(profile.shared))
 
     def holds(self, profile: ModelProfile) -> bool:
-        """Whether ``profile`` still has these blocks (the same objects), input bytes and dtype."""
+        """Whether ``profile`` still has these blocks (the same objects), input bytes, dtype and
+        shared entries (frozen: compared by value)."""
         return (
             len(self.blocks) == len(profile.blocks)
             and all(map(operator.is_, self.blocks, profile.blocks))
             and self.input_bytes == profile.input_bytes
             and self.dtype == profile.dtype
+            and self.shared == tuple(profile.shared)
         )
 
 

@@ -64,7 +64,7 @@ from hetplan.contracts.catalog import DeviceType
 from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Plan
 from hetplan.schedule.actions import Kind
-from hetplan.schedule.compile import CompiledPlan, DeviceProgram
+from hetplan.schedule.compile import CompiledPlan, DeviceProgram, with_shared_groups
 from hetplan.simulate.costs import ProfileSnapshot
 
 __all__ = [
@@ -194,8 +194,11 @@ def held_output_bytes(profile: ModelProfile, end: int, tp: int = 1) -> float:
     logits, 1/t of them (Megatron's vocabulary-parallel cross-entropy never gathers them)."""
     block = profile.blocks[end - 1]
     last = end == len(profile.blocks)
-    if tp > 1 and last and block.kind == "head" and profile.shard(end - 1, tp).params < block.params:
-        return block.output_bytes / tp
+    if tp > 1 and last and block.kind == "head":
+        # a tied head's table is a shared entry: counted with the block's own parameters
+        member = profile.shard(end - 1, tp).params + profile.shared_held(end - 1, end, tp)[0]
+        if member < block.params + profile.shared_held(end - 1, end)[0]:
+            return block.output_bytes / tp
     return block.output_bytes
 
 
@@ -214,9 +217,10 @@ def stage_terms(profile: ModelProfile, start: int, end: int, *, tp: int = 1, rec
         saved = sum(sh.activation_bytes for sh in shards)
         # the backward through a block materialises gradients about the size of what it saved
         workspace = max((sh.activation_bytes for sh in shards), default=0.0)
+    shared_params, shared_weights = profile.shared_held(start, end, tp)  # tied copies, once per stage
     return StageTerms(
-        params=float(sum(sh.params for sh in shards)),
-        weights=float(sum(sh.param_bytes for sh in shards)),
+        params=float(sum(sh.params for sh in shards)) + shared_params,
+        weights=float(sum(sh.param_bytes for sh in shards)) + shared_weights,
         held_per_sample=saved + out_bytes,
         workspace=workspace,
         grad_in=0.0 if end == len(profile.blocks) else out_bytes,
@@ -390,6 +394,8 @@ def optimizer_bytes(
         # (planner/runtime/parallel/zero.py: the weights are separate tensors, the shard a flat slice of them)
         master = FP32_BYTES if mixed or shared > 1 else 0.0
         total += (state + master) * profile.shard(b, tp).params / shared
+    # a tied copy is stepped by every holder in full (ZeRO-1 refuses tied parameters)
+    total += (state + (FP32_BYTES if mixed else 0.0)) * profile.shared_held(start, end, tp)[0]
     return total
 
 
@@ -630,7 +636,11 @@ def plan_memory(
     """:func:`device_memory` of every device of a compiled plan (``cluster``: a Cluster); ``plan``
     (the one compiled) gives each stage's ``recompute`` and ``zero`` (without it: none and 0).
     ``copies``: device -> a device whose memory it has (a pipeline that runs alike,
-    :func:`hetplan.simulate.replicas.memory_copies`; its own program may be left uncompiled)."""
+    :func:`hetplan.simulate.replicas.memory_copies`; its own program may be left uncompiled).
+    A shared (tied) parameter's group adds a communicator on each holder (its copy's gradient is
+    summed in place, no bucket)."""
+    if plan is not None:
+        compiled = with_shared_groups(compiled, plan, [entry.blocks for entry in profile.shared])
     reduced: dict[str, set[int]] = {a: set() for a in compiled.programs}
     holders: dict[str, dict[int, int]] = {a: {} for a in compiled.programs}
     in_groups = dict.fromkeys(compiled.programs, 0)  # gradient groups of 2+ devices each device is in

@@ -47,7 +47,7 @@ from hetplan.contracts.plan import Plan, check_plan
 from hetplan.errors import HetplanError
 from hetplan.schedule.actions import Kind
 from hetplan.schedule.boundary import piece
-from hetplan.schedule.compile import CompiledPlan, Transfer, compile_plan, gc_paused
+from hetplan.schedule.compile import CompiledPlan, GradGroup, Transfer, compile_plan, gc_paused, with_shared_groups
 from hetplan.simulate.costs import CostModel, shared_cost_model
 from hetplan.simulate.engine import Engine
 from hetplan.simulate.memory import MemoryUse, plan_memory, static_stage_bytes
@@ -413,6 +413,12 @@ def _build(
         if len(group.devices) <= 1:
             continue
         members = [devices[a] for a in group.devices]
+        if group.shared >= 0:  # a tied copy's gradient: summed over its holders at the step
+            _shared_allreduce(engine, group, costs, members, last_compute, last_comm, done_comm, kept)
+            kinds.append(_AR)
+            rows.append(-1)
+            peers.append(group.id)
+            continue
         nbytes = costs.gradient_bytes(group.blocks, tp=group.tensor_parallel)
         if zero:
             seconds = costs.reduce_scatter(nbytes, members)
@@ -501,6 +507,36 @@ def _build(
                 engine.add_edge(last_gather[address], t)
             last_gather[address] = t
     return engine, _Tasks(kinds, rows, peers), capacity
+
+
+def _shared_allreduce(
+    engine: Engine,
+    group: GradGroup,
+    costs: CostModel,
+    members: list,
+    last_compute: dict[str, int],
+    last_comm: dict[str, int],
+    done_comm: dict[str, list[int]],
+    kept: Collection[str] | None,
+) -> int:
+    """The all-reduce of a shared (tied) parameter's gradient: issued at the step by every holder,
+    once its backward is over and its gradient groups' all-reduces are done (the runtime's order:
+    :meth:`hetplan.runtime.parallel.tied.TiedParams.all_reduce` runs after it waits for them), so it
+    overlaps no compute; each holder's step waits for it."""
+    nbytes = costs.shared_gradient_bytes(group.shared, tp=group.tensor_parallel)
+    name = costs.profile.shared[group.shared].name
+    info = TaskInfo("allreduce", group.devices[0], -1, -1, group=group.id, op=f"tied all-reduce ({name})")
+    t = engine.add_fixed(costs.allreduce(nbytes, members), info)
+    for address in group.devices:
+        if kept is not None and address not in kept:
+            continue
+        if last_compute.get(address, -1) >= 0:
+            engine.add_edge(last_compute[address], t)
+        if address in last_comm:
+            engine.add_edge(last_comm[address], t)
+        last_comm[address] = t
+        done_comm[address].append(t)
+    return t
 
 
 def _boundary_gathers(
@@ -843,6 +879,7 @@ def _simulate(
     copied = uncompiled_pipelines(plan, folding)
     if compiled is None or not compiled.skipped <= copied:  # a skipped pipeline must be a copy
         compiled = compile_plan(plan, len(profile.blocks), skip=copied)
+    compiled = with_shared_groups(compiled, plan, [entry.blocks for entry in profile.shared])
     costs = shared_cost_model(profile, cluster, plan.optimizer)
     engine, tasks, capacity = _build(compiled, costs, cluster, plan, folding.kept if folding is not None else None)
     iteration = engine.run(capacity)

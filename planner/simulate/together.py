@@ -42,7 +42,7 @@ from hetplan.contracts.cluster import Cluster
 from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Plan
 from hetplan.errors import HetplanError
-from hetplan.schedule.compile import CompiledPlan, compile_plan, gc_paused
+from hetplan.schedule.compile import CompiledPlan, compile_plan, gc_paused, with_shared_groups
 from hetplan.simulate.costs import CostModel
 from hetplan.simulate.engine import Engine
 from hetplan.simulate.exclusive import POLICIES, RUNTIME_POLICIES, ExclusiveRun, Sharing, run_exclusive
@@ -212,6 +212,7 @@ def prepare_job(job: TogetherJob, *, iterations: int = 6) -> PreparedJob:
         sim = simulate(job.plan, job.profile, job.cluster)  # checks the plan against its inputs
         check_memory(sim, job.plan)
         compiled = compile_plan(job.plan, len(job.profile.blocks))
+        compiled = with_shared_groups(compiled, job.plan, [entry.blocks for entry in job.profile.shared])
         costs = CostModel(job.profile, job.cluster, optimizer=job.plan.optimizer)
         engine, _, capacity = _build(compiled, costs, job.cluster, job.plan)
     prepared = PreparedJob(job=job, compiled=compiled, engine=engine, capacity=capacity, sim=sim)

@@ -490,7 +490,7 @@ def _settings(
     out = []
     for m in sizes:
         for recompute in ("none", "selective", "full"):
-            for zero in (0, 1) if len(layout) > 1 else (0,):
+            for zero in (0, 1) if len(layout) > 1 and not tables.profile.shared else (0,):  # ZeRO-1 refuses ties
                 plan = plans.plan(m, recompute, zero)
                 if _fits(plan, tables, cluster):
                     out.append(plan)

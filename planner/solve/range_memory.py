@@ -58,13 +58,15 @@ class RangeBase:
     state depends on them): built once per degree and recomputation, sharded per holder count."""
 
     usable: np.ndarray
-    weights: np.ndarray  # per range: weight bytes
-    gradients: np.ndarray  # per range: gradient bytes (the all-reduce buckets too)
-    params: np.ndarray  # per range: parameters
+    weights: np.ndarray  # per range: weight bytes (with the shared parameters' copies)
+    gradients: np.ndarray  # per range: gradient bytes (with the copies')
+    params: np.ndarray  # per range: the blocks' own parameters
     per_param: float  # optimizer state (and fp32 master copy) per parameter
     held: np.ndarray
     during: np.ndarray
     zero_master: float = 0.0  # fp32 runs: the master shard a ZeRO-1 holder steps (mixed: in per_param)
+    buckets: np.ndarray | None = None  # per range: the all-reduce buckets (None: the gradients)
+    shared_state: np.ndarray | float = 0.0  # per range: the copies' optimizer state (never sharded)
 
     def terms(self, zero_holders: int) -> RangeTerms:
         """The terms with the optimizer state sharded over ``zero_holders`` devices (1: none)."""
@@ -72,8 +74,9 @@ class RangeBase:
             state = (self.per_param + self.zero_master) * self.params / zero_holders
         else:
             state = self.per_param * self.params
-        static = self.weights + self.gradients + state
-        return RangeTerms(usable=self.usable, static=static, held=self.held, during=self.during, buckets=self.gradients)
+        static = self.weights + self.gradients + state + self.shared_state
+        buckets = self.gradients if self.buckets is None else self.buckets
+        return RangeTerms(usable=self.usable, static=static, held=self.held, during=self.during, buckets=buckets)
 
 
 def range_base(profile: ModelProfile, *, optimizer: str, tp: int, recompute: str) -> RangeBase:
@@ -122,13 +125,45 @@ def range_base(profile: ModelProfile, *, optimizer: str, tp: int, recompute: str
     grad_in = np.where(j == n, 0.0, out_end[None, :])
     grad_out = np.where(i == 0, 0.0, out_end[:, None])
     during = grad_in + grad_out + workspace
+    if not profile.shared:
+        return RangeBase(
+            usable=usable,
+            weights=w,
+            gradients=gradients,
+            params=p,
+            per_param=per_param,
+            held=held,
+            during=during,
+            zero_master=0.0 if mixed else FP32_BYTES,
+        )
+    shared_p, shared_w = _shared_per_range(profile, tp)
     return RangeBase(
         usable=usable,
-        weights=w,
-        gradients=gradients,
+        weights=w + shared_w,
+        gradients=gradients + (FP32_BYTES * shared_p if mixed else shared_w),
         params=p,
         per_param=per_param,
         held=held,
         during=during,
         zero_master=0.0 if mixed else FP32_BYTES,
+        buckets=gradients,
+        shared_state=per_param * shared_p,
     )
+
+
+def _shared_per_range(profile: ModelProfile, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    """(params, bytes) of the shared parameters' copies a range ``[i, j)`` holds, each entry once:
+    it holds one where the entry's first holder at or after ``i`` lies before ``j``."""
+    n = len(profile.blocks)
+    ends = np.arange(n + 1)[None, :]
+    params = np.zeros((n + 1, n + 1))
+    weights = np.zeros((n + 1, n + 1))
+    for entry in profile.shared:
+        after = np.full(n + 1, n + 1)  # the first holder at or after each start
+        for b in sorted(entry.blocks, reverse=True):
+            after[: b + 1] = b
+        holds = after[:, None] < ends
+        member_params, member_bytes = entry.at(tp)
+        params += holds * float(member_params)
+        weights += holds * float(member_bytes)
+    return params, weights

@@ -251,6 +251,14 @@ def _to_plan(
     )
 
 
+def ties_agree(degree: dict[int, int] | None, profile: ModelProfile) -> bool:
+    """Whether a per-block degree map (None: holders of one block disagree) holds each shared
+    (tied) entry's blocks at one degree, as the runtime needs (``check_shared_parameters``)."""
+    if degree is None:
+        return False
+    return all(len({degree.get(b, 1) for b in entry.blocks}) == 1 for entry in profile.shared)
+
+
 def block_degrees(plan: Plan) -> dict[int, int] | None:
     """Each block's TP degree, or None where two holders of a block disagree (the contract forbids it)."""
     degree: dict[int, int] = {}
@@ -638,12 +646,12 @@ class _Search:
                     alt = self._evaluate(structure, zero=0, allowed=None, only_size=m)
                     if alt is None or alt.plan(self.opts).pipelines == plain_pipelines:
                         continue
-                    if alt.degrees() is None:  # holders disagree on a degree: as _agreeing does
+                    if not ties_agree(alt.degrees(), self.profile):  # holders disagree: as _agreeing does
                         alt = self._agreeing(structure, zero=0, only_size=m)
                     if alt is not None:
                         out.append(alt)
         holders = len(structure.pipelines) > 1 or any(len(s.devices) > 1 for p in structure.pipelines for s in p)
-        if holders and (plain is None or plain.tight):
+        if holders and not self.profile.shared and (plain is None or plain.tight):  # ZeRO-1 refuses ties
             zero = self._agreeing(structure, zero=1)
             if zero is not None:
                 out.append(zero)
@@ -652,7 +660,7 @@ class _Search:
     def _agreeing(self, structure: Structure, *, zero: int, only_size: int | None = None) -> _Found | None:
         """The best candidate in which every holder of a block uses one TP degree."""
         free = self._evaluate(structure, zero=zero, allowed=None, only_size=only_size)
-        if free is None or len(self.degrees) == 1 or free.degrees() is not None:
+        if free is None or len(self.degrees) == 1 or ties_agree(free.degrees(), self.profile):
             return free
         n = self.tables.n
         largest = int(np.argmax(free.shares))  # the first of the largest
@@ -662,6 +670,11 @@ class _Search:
             for s in range(len(of_largest.cuts) - 1)
             for b in range(of_largest.cuts[s], of_largest.cuts[s + 1])
         }
+        for entry in self.profile.shared:  # a tied entry's holders: the smallest degree they all have
+            chosen = sorted({per_block[b] for b in entry.blocks})
+            common = [t for t in chosen if all(t in self.tables.tp_options(b, b + 1) for b in entry.blocks)]
+            for b in entry.blocks:
+                per_block[b] = common[0] if common else 1
         maps = [tuple(frozenset({per_block[b]}) for b in range(n))]
         for t in self.degrees:
             maps.append(tuple(frozenset({t if t in self.tables.tp_options(b, b + 1) else 1}) for b in range(n)))
@@ -673,7 +686,7 @@ class _Search:
             if bound == math.inf or (best is not None and bound >= best.estimate):
                 continue
             c = self._evaluate(structure, zero=zero, allowed=allowed, only_size=only_size)
-            if c is not None and c.degrees() is not None and (best is None or c.estimate < best.estimate):
+            if c is not None and ties_agree(c.degrees(), self.profile) and (best is None or c.estimate < best.estimate):
                 best = c
         return best
 
@@ -923,7 +936,7 @@ def _moves(plan: Plan, tables: CostTables, sizes: tuple[int, ...]) -> list[Plan]
                 pipes = list(plan.pipelines)
                 pipes[pi] = Pipeline(p.batch, p.micro_batches, tuple(tried))
                 moved = _replace_pipelines(plan, pipes)
-                if block_degrees(moved) is not None:
+                if ties_agree(block_degrees(moved), tables.profile):
                     out.append(moved)
 
     def near(m: int) -> list[int]:  # m, then its neighbours among the sizes
@@ -1201,6 +1214,8 @@ def _settle_zero(best: Candidate, profile: ModelProfile, cluster: Cluster) -> tu
     and a dependency on every holder), on where the simulator finds it strictly faster; returns the
     kept candidate and the other way's figures (``{"tight": False}`` where it was not tried)."""
     single = len(best.plan.pipelines) == 1 and not any(s.replicated for s in best.plan.pipelines[0].stages)
+    if profile.shared:  # ZeRO-1 refuses tied parameters (check_shared_parameters)
+        return best, None
     if not best.tight and not best.plan.zero:
         return best, None if single else {"tight": False}
     alternative = _zero_alternative(best.plan, best.sim, profile, cluster)

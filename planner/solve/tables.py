@@ -153,9 +153,11 @@ class CostTables:
 
     # -- memory ---------------------------------------------------------------------------------
     def static_memory(self, start: int, end: int) -> float:
-        """Weights, gradients and optimizer state of blocks ``[start, end)`` (degree 1, no ZeRO)."""
-        weights = self.param_bytes[end] - self.param_bytes[start]
-        params = self.params[end] - self.params[start]
+        """Weights, gradients and optimizer state of blocks ``[start, end)`` (degree 1, no ZeRO),
+        with the copies of the shared parameters the range holds."""
+        shared_params, shared_weights = self.profile.shared_held(start, end)
+        weights = self.param_bytes[end] - self.param_bytes[start] + shared_weights
+        params = self.params[end] - self.params[start] + shared_params
         return float(weights + self.state_per_param * params)
 
     def _compute_arrays(self, tp: int, recompute: str) -> tuple[np.ndarray, ...]:
@@ -190,6 +192,7 @@ class CostTables:
         params_cum, weights_cum, saved_cum, workspace = self._arrays(tp, recompute)
         params = float(params_cum[end] - params_cum[start])
         weights = float(weights_cum[end] - weights_cum[start])
+        shared_params, shared_weights = self.profile.shared_held(start, end, tp)  # tied copies
         out_bytes = held_output_bytes(self.profile, end, tp)  # a vocabulary-parallel head's: 1/t
         held = float(saved_cum[end] - saved_cum[start]) + out_bytes
         grad_in = 0.0 if end == self.n else out_bytes
@@ -200,8 +203,11 @@ class CostTables:
         sharded = zero_holders > 1  # ZeRO-1: a flat fp32 master shard and gradient buffer, any dtype
         per_param = OPTIMIZER_STATE_BYTES[self.optimizer] + (FP32_BYTES if mixed or sharded else 0.0)
         state = per_param * params / max(1, zero_holders)
-        gradients = FP32_BYTES * params if mixed else weights
-        return mixed or sharded, weights, gradients, state, held, during
+        # a tied copy: stepped whole by each holder, its gradient summed in place (no bucket)
+        state += (OPTIMIZER_STATE_BYTES[self.optimizer] + (FP32_BYTES if mixed else 0.0)) * shared_params
+        buckets = FP32_BYTES * params if mixed else weights
+        gradients = buckets + (FP32_BYTES * shared_params if mixed else shared_weights)
+        return mixed or sharded, weights + shared_weights, gradients, state, held, during, buckets
 
     def stage_memory(
         self,
@@ -228,9 +234,11 @@ class CostTables:
         ``zero_holders``: the devices the stage's optimizer state is sharded over (ZeRO-1; 1 without)."""
         if tp > 1 and tp not in self.tp_options(start, end):
             return float("inf")
-        mixed, weights, gradients, state, held, during = self._terms(start, end, tp, recompute, zero_holders)
+        mixed, weights, gradients, state, held, during, bucket_bytes = self._terms(
+            start, end, tp, recompute, zero_holders
+        )
         shared = zero_holders > 1 if reduced is None else reduced
-        buckets = gradients if shared else 0.0
+        buckets = bucket_bytes if shared else 0.0
         first = in_flight * m * held + m * during
         if mixed:
             return float(weights + gradients + state + max(first, buckets))

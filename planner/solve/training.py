@@ -44,6 +44,12 @@ def plan_training(
     (baselines are candidates too: the plan is never slower than any of them)."""
     # the homogeneous baselines and the lower bound need no search result: on a large cluster they
     # run beside the search (and the Megatron-style family beside the other baselines)
+    if profile.shared and opts.sync != "allreduce":
+        names = ", ".join(entry.name for entry in profile.shared)
+        raise HetplanError(
+            f"the profile shares parameters ({names}); sync {opts.sync} does not sum their gradients, use allreduce",
+            field="--sync",
+        )
     beside = len(cluster.devices) >= _BACKGROUND_DEVICES
     independent = Deferred(_independent, profile, cluster, opts, background=beside) if beside else None
     try:

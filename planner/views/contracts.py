@@ -131,9 +131,15 @@ def profile_table(profile: ModelProfile) -> list[Any]:
             f"{b.flops_fwd / 1e9:.3g}",
             *times,
         )
-    total_params = sum(b.params for b in profile.blocks)
+    total_params = profile.total_params
     sources = sorted({t.source for b in profile.blocks for by in b.times.values() for t in by.values()})
-    note = Text(f"total parameters {total_params:,}; times are {', '.join(sources)}; devices: {', '.join(devices)}")
+    shared = "".join(
+        f"; {entry.name} ({entry.params:,}) shared by blocks {', '.join(map(str, entry.blocks))}"
+        for entry in profile.shared
+    )
+    note = Text(
+        f"total parameters {total_params:,}{shared}; times are {', '.join(sources)}; devices: {', '.join(devices)}"
+    )
     return [table, note]
 
 
@@ -143,7 +149,7 @@ def profile_summary(profile: ModelProfile) -> dict[str, Any]:
         "model": profile.model,
         "dtype": profile.dtype,
         "blocks": len(profile.blocks),
-        "params": sum(b.params for b in profile.blocks),
+        "params": profile.total_params,
         "flops_fwd_per_sample": sum(b.flops_fwd for b in profile.blocks),
         "device_types": profile.device_types(),
     }

@@ -34,8 +34,17 @@ def test_shared_parameters_are_one_parameter_and_counted_once() -> None:
     alone = zoo.build_block(2, seed=0)  # a rank holding only block 2 has the same values
     assert torch.equal(alone.weight, blocks[0].weight)
     profile = measure_profile(zoo.model, micro_batches=(2,), warmup=0, repeat=1)
-    assert sum(b.params for b in profile.blocks) == 340  # not 612: the shared layer once
-    assert [b.params for b in profile.blocks] == [272, 0, 0, 68]
+    assert profile.total_params == 340  # not 612: the shared layer once
+    # listed once under ``shared`` (DESIGN.md), in no block's own count
+    assert [b.params for b in profile.blocks] == [0, 0, 0, 68]
+    assert [(e.name, e.params, e.blocks) for e in profile.shared] == [
+        ("block0.weight", 256, (0, 2)),
+        ("block0.bias", 16, (0, 2)),
+    ]
+    # a stage holding block 2 alone keeps a copy; one holding blocks 0 to 2 keeps one
+    assert profile.shared_held(2, 4) == (272.0, 272.0 * 4)
+    assert profile.shared_held(0, 3) == (272.0, 272.0 * 4)
+    assert profile.shared_held(1, 2) == (0.0, 0.0)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from builders import make_cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetplan.contracts.model_profile import Block, ModelProfile, TensorParallel, Timing
+from hetplan.contracts.model_profile import Block, ModelProfile, SharedParams, TensorParallel, Timing
 from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.errors import HetplanError
 from hetplan.schedule.compile import compile_plan
@@ -215,7 +215,27 @@ def _random_profile(draw, n: int, dtype: str) -> ModelProfile:
                 tensor_parallel=shards,
             )
         )
-    return ModelProfile(model={"name": "r"}, dtype=dtype, blocks=blocks, input_bytes=float(draw(st.integers(0, 10**6))))
+    shared = []
+    for k in range(draw(st.integers(0, 2))):  # tied parameters: a copy on every stage holding one
+        holders = tuple(sorted(draw(st.sets(st.integers(0, n - 1), min_size=2, max_size=n))))
+        params = draw(st.sampled_from([10**7, 10**8, 10**9])) + draw(st.integers(0, 10**6))
+        tp_params = {t: params // t + draw(st.integers(0, 10**3)) for t in (2, 4) if draw(st.booleans())}
+        shared.append(
+            SharedParams(
+                name=f"s{k}",
+                params=params,
+                param_bytes=float(params * d),
+                blocks=holders,
+                tensor_parallel={t: (p, float(p * d)) for t, p in tp_params.items()},
+            )
+        )
+    return ModelProfile(
+        model={"name": "r"},
+        dtype=dtype,
+        blocks=blocks,
+        input_bytes=float(draw(st.integers(0, 10**6))),
+        shared=shared,
+    )
 
 
 @st.composite
@@ -244,7 +264,7 @@ def cases(draw):
         pipelines=pipelines,
         schedule=draw(st.sampled_from(["1f1b", "gpipe"])),
         optimizer=draw(st.sampled_from(["sgd", "adam"])),
-        zero=draw(st.sampled_from([0, 1])) if n_pipes > 1 else 0,
+        zero=draw(st.sampled_from([0, 1])) if n_pipes > 1 and not profile.shared else 0,  # ZeRO-1 refuses ties
     )
     return profile, plan
 

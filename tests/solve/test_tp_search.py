@@ -11,6 +11,7 @@ from builders import make_cluster
 from test_optimality import tp_profile
 
 from hetplan.contracts import load_catalog, load_cluster
+from hetplan.contracts.model_profile import SharedParams
 from hetplan.contracts.plan import RECOMPUTE
 from hetplan.profile.analytic import analytic_profile
 from hetplan.simulate import simulate
@@ -40,9 +41,15 @@ def _profile(n: int = 4, *, activation_bytes: float = 0.0, params: int = 0, tp_s
 
 @pytest.mark.parametrize("option", [(t, r) for t in (1, 2) for r in RECOMPUTE])
 @pytest.mark.parametrize("zero_holders", [1, 3])
-def test_range_memory_matches_the_tables_on_every_range(option, zero_holders) -> None:
+@pytest.mark.parametrize("tied", [False, True])
+def test_range_memory_matches_the_tables_on_every_range(option, zero_holders, tied) -> None:
     profile = _profile(5, activation_bytes=2e9, params=10_000_000)
     profile.blocks[2] = profile.blocks[2].__class__(**{**profile.blocks[2].__dict__, "output_bytes": 3e8})
+    if tied:  # one entry held by the first and last block (a tied head), one by blocks 1 and 2
+        profile.shared = [
+            SharedParams("table", 30_000_000, 1.2e8, (0, 4), {2: (15_000_000, 6e7)}),
+            SharedParams("layer", 5_000_000, 2e7, (1, 2)),
+        ]
     cluster = make_cluster([("n0", [(V100, 2)])])
     tables = CostTables(profile, cluster, optimizer="adam")
     tp, recompute = option

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetplan.contracts.catalog import DTYPE_BYTES
+from hetplan.contracts.model_profile import SharedParams
 from hetplan.errors import HetplanError
 from hetplan.families.base import config_error, full_config
 from hetplan.profile.efficiency import TILE
@@ -187,6 +188,8 @@ CheckFn = Callable[[dict[str, int]], None]
 InputBytesFn = Callable[[dict[str, int], str], float]
 #: One device's costs of each block at a tensor-parallel degree (None: the block is not split).
 BlocksAtFn = Callable[[dict[str, int], str, int], "list[BlockCost | None]"]
+#: ``(config, dtype, degrees) -> [SharedParams]``: the parameters several blocks hold (a tied head)
+SharedFn = Callable[[dict[str, int], str, "list[int]"], "list[SharedParams]"]
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,15 @@ class Family:
     check: CheckFn
     input_bytes: InputBytesFn
     build_at: BlocksAtFn | None = None  # families that split Megatron-style (gpt, bert); None: no TP
+    shared_of: SharedFn | None = None  # families that may tie parameters between blocks (gpt's head)
+
+    def shared(self, config: Mapping[str, Any] | None, dtype: str, degrees: list[int]) -> list[SharedParams]:
+        """The parameters several of the blocks hold, listed once (none for most families): each
+        holder block's costs count them too, and :func:`hetplan.profile.analytic.build` takes them
+        out of the blocks for the profile."""
+        if self.shared_of is None:
+            return []
+        return self.shared_of(self.full_config(config), dtype, degrees)
 
     def full_config(self, config: Mapping[str, Any] | None = None) -> dict[str, int]:
         """Defaults overlaid with ``config``; unknown keys and non-positive integers are refused

@@ -24,10 +24,11 @@ smaller GEMM fills fewer SMs, so a degree-t time is above 1/t of degree 1's). Ea
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from hetplan.contracts.catalog import DeviceType
-from hetplan.contracts.model_profile import Block, ModelProfile, TensorParallel, Timing
+from hetplan.contracts.model_profile import Block, ModelProfile, SharedParams, TensorParallel, Timing
 from hetplan.errors import HetplanError
 from hetplan.profile.analytic.base import BlockCost, dtype_bytes
 from hetplan.profile.analytic.registry import get_family
@@ -170,10 +171,31 @@ def analytic_profile(
             "other families' replicated in the group"
         ),
     }
+    shared = fam.shared(full, dtype, degrees)
     return ModelProfile(
         model={"family": fam.name, "config": full},
         dtype=dtype,
-        blocks=blocks,
+        blocks=_without_shared(blocks, shared),
         input_bytes=fam.input_bytes(full, dtype),
         source=source,
+        shared=shared,
     )
+
+
+def _without_shared(blocks: list[Block], shared: list[SharedParams]) -> list[Block]:
+    """The blocks with each shared entry taken out of every holder's parameters (at each degree,
+    the member's share), since the profile lists it once (``ModelProfile.shared``)."""
+    out = list(blocks)
+    for entry in shared:
+        for b in entry.blocks:
+            block = out[b]
+            out[b] = replace(
+                block,
+                params=block.params - entry.params,
+                param_bytes=block.param_bytes - entry.param_bytes,
+                tensor_parallel={
+                    t: replace(data, params=data.params - entry.at(t)[0], param_bytes=data.param_bytes - entry.at(t)[1])
+                    for t, data in block.tensor_parallel.items()
+                },
+            )
+    return out

@@ -24,13 +24,18 @@ all-reduces its output in forward (s·h·d), the head its input gradient in back
 loss three row statistics (max, target logit, sum of exponentials: 3·s·4 bytes); each runs in one
 pass, so ``allreduce_bytes`` (priced in both passes by the cost model) is half of it.
 
-``head: tied`` is priced as untied: each rank holding an end of the tied table keeps its own copy
-(:mod:`hetplan.runtime.parallel.tied`), so the head's V·h (or n·h) is counted on the head's stage; a
-stage holding both ends holds one, over-counted by that much.
+``head: tied`` (GPT-2's): the token table is the LM head's weight, one parameter the embedding and
+the head hold, listed once under the profile's ``shared`` (:func:`shared`: V·h, n·h per member at
+degree t) and in neither block's ``params``. Each stage holding either end keeps a copy
+(:mod:`hetplan.runtime.parallel.tied`), a stage holding both keeps one; the block costs (times,
+weight traffic) still read the table, as the kernels do.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from hetplan.contracts.model_profile import SharedParams
 from hetplan.families.gpt import DEFAULTS, HELP, check
 from hetplan.profile.analytic.base import BlockCost, dtype_bytes, gemm_work, memory_work
 from hetplan.profile.analytic.transformer import attention_block, layer_blocks_at, mlp_block
@@ -47,6 +52,7 @@ __all__ = [
     "embedding_block",
     "input_bytes",
     "lm_head_block",
+    "shared",
     "vocab_rows",
 ]
 
@@ -119,6 +125,25 @@ def lm_head_block(*, seq: int, hidden: int, vocab: int, d: int, tp: int = 1) -> 
         # the input gradient (backward) and the loss's row statistics (forward), one pass each
         allreduce_bytes=(s * h * d + 3 * s * FP32) / 2.0 if tp > 1 else 0.0,
     )
+
+
+def shared(config: dict[str, Any], dtype: str, degrees: list[int]) -> list[SharedParams]:
+    """With ``head: tied``, the token table the embedding (block 0) and the head (the last block)
+    hold: V·h, each member of a degree-t group its vocabulary-parallel ⌈V/t⌉·h rows."""
+    if config.get("head") != "tied":
+        return []
+    d = dtype_bytes(dtype)
+    h, v = config["hidden"], config["vocab"]
+    last = 2 * config["layers"] + 1
+    return [
+        SharedParams(
+            name="embedding.tokens.weight",  # the runtime's canonical name (hetplan.models.gpt)
+            params=v * h,
+            param_bytes=float(v * h * d),
+            blocks=(0, last),
+            tensor_parallel={t: (vocab_rows(v, t) * h, float(vocab_rows(v, t) * h * d)) for t in degrees if t > 1},
+        )
+    ]
 
 
 def blocks(config: dict[str, int], dtype: str) -> list[BlockCost]:

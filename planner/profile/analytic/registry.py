@@ -27,6 +27,7 @@ def _family(name: str, module: ModuleType) -> Family:
         check=module.check,
         input_bytes=module.input_bytes,
         build_at=getattr(module, "blocks_at", None),
+        shared_of=getattr(module, "shared", None),
     )
 
 
