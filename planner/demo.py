@@ -60,8 +60,7 @@ def run_demo(out: Path, *, console: Console, steps: int = DEMO_STEPS) -> None:
     profile_path = out / "gpt.profile.yaml"
     profile.save(profile_path)
     console.print(
-        f"wrote {profile_path}: {len(profile.blocks)} blocks, "
-        f"{profile.total_params:,} parameters, measured on this CPU"
+        f"wrote {profile_path}: {len(profile.blocks)} blocks, {profile.total_params:,} parameters, measured on this CPU"
     )
 
     console.print(Rule(f"2. plan for {cluster.name} (global batch {DEMO_BATCH}, 1F1B, Adam)"))
