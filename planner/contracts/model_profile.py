@@ -424,13 +424,20 @@ def _selective_bytes(f: Fields, activation_bytes: float) -> float:
     return value
 
 
+def _degrees(f: Fields) -> list[tuple[int, Fields]]:
+    """``f``'s ``tensor_parallel: {t: {...}}`` entries: each degree (an integer >= 2) and its fields."""
+    out = []
+    for degree, value in f.mapping_items("tensor_parallel", {}):
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 2:
+            raise f.error(f"tensor-parallel degrees must be integers >= 2, got {degree!r}", "tensor_parallel")
+        out.append((degree, Fields(value, file=f.file, path=f"{f.where('tensor_parallel')}.{degree}")))
+    return out
+
+
 def _parse_tensor_parallel(b: Fields, params: int) -> dict[int, TensorParallel]:
     """A block's ``tensor_parallel: {t: {...}}``: degrees >= 2, each with its per-device figures."""
     out: dict[int, TensorParallel] = {}
-    for degree, value in b.mapping_items("tensor_parallel", {}):
-        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 2:
-            raise b.error(f"tensor-parallel degrees must be integers >= 2, got {degree!r}", "tensor_parallel")
-        d = Fields(value, file=b.file, path=f"{b.where('tensor_parallel')}.{degree}")
+    for degree, d in _degrees(b):
         shard_params = d.integer("params", minimum=0)
         if shard_params > params:
             raise d.error(f"a device of the group cannot hold more than the block's {params} parameters", "params")
@@ -548,10 +555,7 @@ def _parse_shared(f: Fields, blocks: list[Block], dtype_bytes: int) -> list[Shar
             if not 0 <= b < len(blocks):
                 raise item.error(f"block {b} does not exist (the profile has blocks 0 to {len(blocks) - 1})", "blocks")
         degrees: dict[int, tuple[int, float]] = {}
-        for degree, value in item.mapping_items("tensor_parallel", {}):
-            if isinstance(degree, bool) or not isinstance(degree, int) or degree < 2:
-                raise item.error(f"tensor-parallel degrees must be integers >= 2, got {degree!r}", "tensor_parallel")
-            d = Fields(value, file=item.file, path=f"{item.where('tensor_parallel')}.{degree}")
+        for degree, d in _degrees(item):
             member = d.integer("params", minimum=0)
             if member > params:
                 raise d.error(f"a member cannot hold more than the entry's {params} parameters", "params")
