@@ -66,6 +66,7 @@ from hetplan.contracts.plan import Plan
 from hetplan.schedule.actions import Kind
 from hetplan.schedule.compile import CompiledPlan, DeviceProgram, with_shared_groups
 from hetplan.simulate.costs import ProfileSnapshot
+from hetplan.simulate.vocab import whole_vocab_profile
 
 __all__ = [
     "ADASUM_DOT_CHUNK",
@@ -640,6 +641,7 @@ def plan_memory(
     A shared (tied) parameter's group adds a communicator on each holder (its copy's gradient is
     summed in place, no bucket)."""
     if plan is not None:
+        profile = whole_vocab_profile(plan, profile)  # vocab_parallel: false stages hold the vocabulary whole
         compiled = with_shared_groups(compiled, plan, [entry.blocks for entry in profile.shared])
     reduced: dict[str, set[int]] = {a: set() for a in compiled.programs}
     holders: dict[str, dict[int, int]] = {a: {} for a in compiled.programs}

@@ -52,6 +52,7 @@ from hetplan.simulate.costs import CostModel, shared_cost_model
 from hetplan.simulate.engine import Engine
 from hetplan.simulate.memory import MemoryUse, plan_memory, static_stage_bytes
 from hetplan.simulate.replicas import Folding, fold_replicas, memory_copies, uncompiled_pipelines
+from hetplan.simulate.vocab import whole_vocab_profile
 
 __all__ = [
     "DeviceStats",
@@ -871,6 +872,7 @@ def _simulate(
     (:mod:`hetplan.simulate.replicas`; ``folding``: ``fold_replicas(plan, cluster)`` where the
     caller has it), except for a timeline, which draws every task."""
     _check_degrees(plan, profile, cluster)
+    profile = whole_vocab_profile(plan, profile)  # vocab_parallel: false stages hold the vocabulary whole
     if timeline:
         folding = None
     elif isinstance(folding, str):

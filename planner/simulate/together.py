@@ -48,6 +48,7 @@ from hetplan.simulate.engine import Engine
 from hetplan.simulate.exclusive import POLICIES, RUNTIME_POLICIES, ExclusiveRun, Sharing, run_exclusive
 from hetplan.simulate.simulator import SimResult, _build, check_memory, simulate
 from hetplan.simulate.together_checks import check_memory_together, check_same_cluster
+from hetplan.simulate.vocab import whole_vocab_profile
 
 __all__ = [
     "POLICIES",
@@ -213,7 +214,7 @@ def prepare_job(job: TogetherJob, *, iterations: int = 6) -> PreparedJob:
         check_memory(sim, job.plan)
         compiled = compile_plan(job.plan, len(job.profile.blocks))
         compiled = with_shared_groups(compiled, job.plan, [entry.blocks for entry in job.profile.shared])
-        costs = CostModel(job.profile, job.cluster, optimizer=job.plan.optimizer)
+        costs = CostModel(whole_vocab_profile(job.plan, job.profile), job.cluster, optimizer=job.plan.optimizer)
         engine, _, capacity = _build(compiled, costs, job.cluster, job.plan)
     prepared = PreparedJob(job=job, compiled=compiled, engine=engine, capacity=capacity, sim=sim)
     if not prepared.empty:

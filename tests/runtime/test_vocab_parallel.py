@@ -162,10 +162,14 @@ def test_a_tied_table_held_at_two_degrees_is_refused() -> None:
 HEAVY_HEAD = {"layers": 1, "hidden": 32, "heads": 2, "seq": 32, "vocab": 8192}
 
 
-def test_each_members_peak_is_the_walks_prediction_and_a_replicated_head_is_not(tmp_path) -> None:
+def test_each_members_peak_is_the_walks_prediction_cut_or_whole(tmp_path) -> None:
     """One TP 2 stage of the whole model, from an **analytic** profile (the formula itself is
-    checked): each member's allocator peak within 10% of the walk's; the same plan with
-    ``vocab_parallel: false`` holds far more than that (the walk prices the vocabulary-parallel cut)."""
+    checked): each member's allocator peak within 10% of the walk's with the vocabulary cut, and
+    within 15% with ``vocab_parallel: false`` (the embedding and head whole on each member, which
+    holds far more: the walk priced that plan as cut, 2.2x under, until hetplan.simulate.vocab).
+    What is left there (14% under, 2.1 MB): the whole tables' fresh gradients on the second
+    micro-batch's backward, before they are added into the existing ones (1 MB each here, where the
+    tables are most of the model; a per-block term for it over-priced ordinary stages by 10-20%)."""
     from hetplan.profile.analytic import analytic_profile
 
     profile = analytic_profile(
@@ -179,7 +183,9 @@ def test_each_members_peak_is_the_walks_prediction_and_a_replicated_head_is_not(
         measured = {r["device"]: r["peak_memory_bytes"] for r in result.records}
         assert set(measured) == {"n0/0", "n0/1"}
         peaks[vp] = {d: (peak, predicted[d].tensor_bytes) for d, peak in measured.items()}
-    for device, (peak, want) in peaks[True].items():
-        assert abs(peak / want - 1.0) <= 0.10, f"{device}: measured {peak:.0f} predicted {want:.0f}"
-    for device, (peak, want) in peaks[False].items():
-        assert peak / want > 1.3, f"{device}: replicated {peak:.0f} against the cut's {want:.0f}"
+    for vp, tolerance in ((True, 0.10), (False, 0.15)):
+        for device, (peak, want) in peaks[vp].items():
+            assert abs(peak / want - 1.0) <= tolerance, f"vocab_parallel {vp} {device}: {peak:.0f} against {want:.0f}"
+    for device in ("n0/0", "n0/1"):  # whole holds far more than cut, measured and predicted alike
+        assert peaks[False][device][0] > 1.3 * peaks[True][device][0]
+        assert peaks[False][device][1] > 1.3 * peaks[True][device][1]
