@@ -98,7 +98,12 @@ def _choose_cuts(profile: ModelProfile, stages: int, reference: tuple[int, ...])
     (``parameters``, DeepSpeed's usual choice, on a tie)."""
     n = len(profile.blocks)
     options = {
-        "parameters": tuple(deepspeed_parameters([float(b.params) for b in profile.blocks], stages)),
+        # DeepSpeed counts a tied layer's parameters in every layer holding it (each builds the module)
+        "parameters": tuple(
+            deepspeed_parameters(
+                [b.params + profile.shared_held(i, i + 1)[0] for i, b in enumerate(profile.blocks)], stages
+            )
+        ),
         "uniform": tuple(deepspeed_uniform(n, stages)),
     }
     method = min(options, key=lambda k: (cut_distance(options[k], reference), k != "parameters"))
