@@ -267,7 +267,8 @@ def _baselines_here(
         shares = equal_shares(opts.global_batch, len(reference.pipelines))
         uniform = [[round(i * n / len(p.stages)) for i in range(len(p.stages) + 1)] for p in reference.pipelines]
         out["uniform"] = score("uniform", _recut(reference, uniform, shares))
-        params = [float(b.params) + 1e-9 for b in profile.blocks]
+        # as DeepSpeed counts them: a tied layer's parameters in every layer holding it
+        params = [b.params + profile.shared_held(i, i + 1)[0] + 1e-9 for i, b in enumerate(profile.blocks)]
         # one DP per distinct input: a 512-device reference has hundreds of pipelines of a few depths
         by_params = _memo(lambda stages: balanced_cuts(params, stages))
         out["deepspeed_parameters"] = score(

@@ -298,3 +298,21 @@ def test_compare_names_the_blocks_that_differ(measured: dict[str, ModelProfile])
     assert len(flops) == 1 and "layer0" in flops[0] and "+20%" in flops[0]
     wrong_family = compare_with_analytic(profile, {"family": "gpt", "config": {}})
     assert len(wrong_family) == 1 and "blocks differ" in wrong_family[0]
+
+
+def test_a_tied_head_is_listed_once_and_agrees_with_the_analytic_count() -> None:
+    """GPT-2's tied head measured: the token table under ``shared`` (held by the embedding and the
+    head), in neither block; the analytic profile lists it alike, and the comparison with the
+    analytic costs (which count it in both blocks) adds each block's share back before comparing."""
+    from hetplan.contracts import load_catalog
+    from hetplan.profile.analytic import analytic_profile
+
+    config = {**GPT["config"], "head": "tied"}
+    profile = measure_profile({"family": "gpt", "config": config}, micro_batches=(1,), warmup=0, repeat=1)
+    v, h = config["vocab"], config["hidden"]
+    assert [(e.name, e.params, e.blocks) for e in profile.shared] == [("embedding.tokens.weight", v * h, (0, 5))]
+    assert profile.blocks[-1].params == 2 * h  # the head keeps its LayerNorm
+    analytic = analytic_profile("gpt", config, devices=[load_catalog().get("A100-80GB")], tp_degrees=(1,))
+    assert [b.params for b in analytic.blocks] == [b.params for b in profile.blocks]
+    assert analytic.shared == profile.shared
+    assert [line for line in compare_with_analytic(profile, profile.model) if line.startswith("parameter")] == []
