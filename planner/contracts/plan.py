@@ -574,12 +574,24 @@ def check_shared_parameters(plan: Plan, profile: ModelProfile) -> None:
             file=plan.file,
             field="sync",
         )
+    if "family" not in profile.model and any(s.tensor_parallel > 1 for p in plan.pipelines for s in p.stages):
+        raise HetplanError(
+            f"the profile shares parameters ({names}); tensor parallelism supports that for zoo models only yet",
+            file=plan.file,
+            field="pipelines",
+        )
     for entry in profile.shared:
-        degrees = {s.tensor_parallel for p in plan.pipelines for s in p.stages if entry.held_by(s.start, s.end)}
-        if len(degrees) > 1:
+        cuts = {
+            (s.tensor_parallel, s.vocab_parallel or s.tensor_parallel == 1)
+            for p in plan.pipelines
+            for s in p.stages
+            if entry.held_by(s.start, s.end)
+        }
+        if len(cuts) > 1:
+            seen = ", ".join(f"{t}" + ("" if v else " (vocab_parallel false)") for t, v in sorted(cuts))
             raise HetplanError(
-                f"shared parameter {entry.name} is held at tensor-parallel degrees "
-                f"{', '.join(map(str, sorted(degrees)))}: every holder needs one degree",
+                f"shared parameter {entry.name} is held at tensor-parallel degrees {seen}: every holder "
+                "needs one degree and one cut",
                 file=plan.file,
                 field="pipelines",
             )
