@@ -2,11 +2,15 @@
 
 A process's peak memory (``peak_memory`` of a run: what ``nvidia-smi`` or the job scheduler saw)
 is the live tensors, plus what the caching allocator loses to fragmentation, plus a reserve the
-tensors never get (CUDA context, library workspaces, communication buffers). The simulator predicts
-the tensors; the type states its fragmentation; so each measured device gives one estimate of its
+tensors never get (CUDA context, library workspaces), plus the communicators' buffers. The simulator
+predicts the tensors and the buffers (``MemoryUse.comm_buffers``, per communicator: docs/cost-model.md
+section 8a); the type states its fragmentation; so each measured device gives one estimate of its
 type's reserve::
 
-    reserve = measured - tensor_bytes x (1 + fragmentation)
+    reserve = measured - tensor_bytes x (1 + fragmentation) - comm_buffers
+
+(the buffers taken out: the prediction adds them beside the reserve, and a reserve that had
+absorbed them would count them twice).
 
 The type's reserve is the median of its estimates (one odd device or run does not move it), floored
 at 0 and kept below the type's memory. No least squares here: the reserve does not change a single
@@ -49,9 +53,15 @@ class MemoryPoint:
     tensors: float
     fragmentation: float
     reserve_before: float
+    comm_buffers: float = 0.0  # the communicators' buffers the walk prices beside the reserve
 
     def predicted(self, reserve: float) -> float:
-        return self.tensors * (1.0 + self.fragmentation) + reserve
+        return self.tensors * (1.0 + self.fragmentation) + reserve + self.comm_buffers
+
+    @property
+    def reserve_estimate(self) -> float:
+        """What this device says its type's reserve is: the measured peak less all the rest."""
+        return self.measured - self.tensors * (1.0 + self.fragmentation) - self.comm_buffers
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,7 @@ def fit_reserves(
                     tensors=tensor_bytes(sims[i].devices[address].memory),
                     fragmentation=device_type.fragmentation,
                     reserve_before=device_type.reserve_bytes,
+                    comm_buffers=float(sims[i].devices[address].memory.comm_buffers),
                 )
             )
         for address, measured in obs.allocator_peak.items():
@@ -102,7 +113,7 @@ def fit_reserves(
         if name not in points:
             continue
         device_type = cluster.device_types[name]
-        estimate = statistics.median(p.measured - p.tensors * (1.0 + p.fragmentation) for p in points[name])
+        estimate = statistics.median(p.reserve_estimate for p in points[name])
         ceiling = MAX_RESERVE_SHARE * device_type.memory
         reserve = min(max(0.0, estimate), ceiling)
         fits.append(
