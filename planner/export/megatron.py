@@ -110,8 +110,9 @@ def _arguments(u: Uniform, plan: Plan, profile: ModelProfile) -> list[tuple[str,
             out.append((flag, str(config[key])))
     if "seq" in config:
         out.append(("--max-position-embeddings", str(config["seq"])))
-    if profile.model.get("family") == "gpt":
-        out.append(("--untie-embeddings-and-output-weights", None))  # the zoo's GPT has its own LM head matrix
+    if profile.model.get("family") == "gpt" and config.get("head", "untied") != "tied":
+        # the zoo's GPT has its own LM head matrix; with ``head: tied`` it is the token table, Megatron's default
+        out.append(("--untie-embeddings-and-output-weights", None))
     out += [("--tensor-model-parallel-size", str(u.tensor_parallel)), ("--pipeline-model-parallel-size", str(u.stages))]
     if u.stages > 1:
         out.append(("--pipeline-model-parallel-layout", u.settings["layout"]))

@@ -399,3 +399,24 @@ def test_compare_with_shows_an_export_by_its_runtime(write_plan, capsys: pytest.
     rows = {r["name"]: r for r in json.loads(out)}
     exported = load_plan(folder / "exported-plan.yaml")
     assert rows["megatron export (mega)"]["iteration_s"] == pytest.approx(exported.predicted["iteration_s"])
+
+
+def test_megatron_unties_the_head_only_where_the_model_does(
+    inputs: Path, write_plan, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The zoo GPT's LM head is its own matrix unless ``head: tied`` (GPT-2's, Megatron's default):
+    the export says ``--untie-embeddings-and-output-weights`` for the first only."""
+    from hetplan.contracts.catalog import load_catalog
+    from hetplan.profile.analytic import analytic_profile
+
+    catalog = load_catalog()
+    config = {"layers": 6, "hidden": 512, "heads": 8, "seq": 128, "vocab": 1024, "head": "tied"}
+    devices = [catalog.get("A100-80GB"), catalog.get("V100-16GB")]
+    analytic_profile("gpt", config, devices=devices, micro_batches=(1, 2, 4, 8)).save(inputs / "gpt-tied.yaml")
+    for name, profile in (("untied", "gpt.yaml"), ("tied", "gpt-tied.yaml")):
+        plan_file = write_plan(name, profile=profile, **SCENARIOS["three_stages_gpipe_sgd"])
+        folder = plan_file.parent / f"m-{name}"
+        code, _, err = run(["export", "megatron", str(plan_file), "-o", str(folder)], capsys)
+        assert (code, err) == (0, "")
+        args = dict(megatron.parse_arguments((folder / "megatron-args.txt").read_text()))
+        assert ("--untie-embeddings-and-output-weights" in args) == (name == "untied")
