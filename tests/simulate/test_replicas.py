@@ -165,6 +165,29 @@ def test_random_plans_simulate_the_same_folded(monkeypatch) -> None:
     assert checked >= 40 and folded >= 15, (checked, folded)
 
 
+def test_random_plans_of_a_tied_model_simulate_the_same_folded(monkeypatch) -> None:
+    """A tied head (the profile's ``shared`` table): its all-reduce spans the embedding's and the
+    head's holders of every pipeline, a collective like the gradient groups' that folding keeps."""
+    catalog = load_catalog()
+    config = {**SMALL_GPT, "head": "tied"}
+    profile = analytic_profile("gpt", config, devices=[catalog.get(A100), catalog.get(V100)], dtype="fp16")
+    assert profile.shared
+    rng = random.Random(11)
+    folded = checked = 0
+    for _ in range(40):
+        cluster = _cluster([rng.choice((A100, V100)) for _ in range(rng.randint(2, 6))], per_node=4)
+        try:
+            plan = _random_plan(rng, [n.name for n in cluster.nodes], 4, len(profile.blocks))
+            plan.sync, plan.zero, plan.sync_options = "allreduce", 0, {}  # what ties run under
+            simulator.simulate(plan, profile, cluster)
+        except HetplanError as exc:
+            assert "deadlock" not in str(exc), plan.to_dict()
+            continue
+        checked += 1
+        folded += _same(plan, profile, cluster, monkeypatch)
+    assert checked >= 25 and folded >= 10, (checked, folded)
+
+
 @pytest.mark.parametrize("times", [{A100: (1.0, 2.0), V100: (2.0, 4.0)}, {A100: (0.0, 0.0), V100: (0.0, 0.0)}])
 def test_random_plans_built_to_tie_simulate_the_same_folded(times, monkeypatch) -> None:
     """Whole-second and zero block times: collectives, computes and transfers end at equal floats,
