@@ -24,18 +24,19 @@ import math
 from hetplan.calibrate.inputs import Observation
 from hetplan.calibrate.params import Model, Param
 from hetplan.contracts.cluster import Cluster
+from hetplan.schedule.compile import CompiledPlan, with_shared_groups
 
 __all__ = ["relevance"]
 
 
-def _signature(cluster: Cluster, obs: Observation) -> tuple:
+def _signature(cluster: Cluster, compiled: CompiledPlan) -> tuple:
     """Every figure of the cluster the simulation of ``obs``'s plan may read: the link of each
     transfer, the network interface of each node with traffic to another node, for each gradient
     group held by several devices the links an all-reduce among them may cross (each node's own
     link where it holds two or more of them, the network path between any two of their nodes) and
     the collective efficiency, and for each tensor-parallel group its node's link and the collective
-    efficiency (its all-reduces inside every block)."""
-    compiled = obs.compiled
+    efficiency (its all-reduces inside every block). ``compiled`` with the shared parameters' groups
+    (:func:`hetplan.schedule.compile.with_shared_groups`): a tied copy's all-reduce reads them too."""
     devices = {a: cluster.device(a) for a in compiled.programs}
     links = [cluster.link(devices[t.src], devices[t.dst]) for t in compiled.transfers]
     networked = {
@@ -74,7 +75,9 @@ def relevance(model: Model, observations: list[Observation]) -> list[set[int]]:
     # logs): an iteration time alone mixes them with links and bubbles, and a few such runs fit noise
     logged = [{model.cluster.device(a).type.name for a, s in obs.compute_s.items() if s > 0} for obs in observations]
     overlapped = [_overlapping_types(model.cluster, obs) & logged[i] for i, obs in enumerate(observations)]
-    base = [_signature(model.cluster, obs) for obs in observations]
+    holders = [entry.blocks for entry in model.profile.shared]
+    compiled = [with_shared_groups(obs.compiled, obs.plan, holders) for obs in observations]
+    base = [_signature(model.cluster, c) for c in compiled]
     for j, p in enumerate(model.params):
         if p.kind in ("compute", "overhead", "overlap"):
             for i in range(len(observations)):
@@ -83,8 +86,8 @@ def relevance(model: Model, observations: list[Observation]) -> list[set[int]]:
                     out[i].add(j)
             continue
         moved = _moved(model, p)
-        for i, obs in enumerate(observations):
-            if _signature(moved, obs) != base[i]:
+        for i, groups in enumerate(compiled):
+            if _signature(moved, groups) != base[i]:
                 out[i].add(j)
     return out
 
@@ -96,7 +99,7 @@ def _overlapping_types(cluster: Cluster, obs: Observation) -> set[str]:
     programs = obs.compiled.programs
     out: set[str] = set()
     for g in obs.compiled.groups:
-        if len(g.devices) <= 1:
+        if len(g.devices) <= 1 or g.shared >= 0:  # a tied copy's all-reduce runs after the backward
             continue
         for a in g.devices:
             program = programs[a]

@@ -88,3 +88,24 @@ def test_a_plain_single_device_run_reads_no_link() -> None:
     )
     reads = {params[j].name for j in relevance(model, [logged])[0]}
     assert reads == {f"compute[{A100}]", f"overhead[{A100}]"}
+
+
+def test_a_tied_copys_all_reduce_reads_the_links_and_the_collective_efficiency() -> None:
+    """Two stages holding the two ends of a tied table: their only collective is the table's
+    gradient all-reduce, which the simulation prices over the node's link at the collective
+    efficiency; relevance sees them (it read only the plan's own gradient groups before)."""
+    from dataclasses import replace
+
+    from hetplan.contracts.model_profile import SharedParams
+
+    profile = replace(_profile(), shared=[SharedParams("table", 50_000_000, 2e8, (0, 1))])
+    cluster = parse_cluster(copy.deepcopy(RAW), file="cluster.yaml", catalog=load_catalog())
+    params = candidate_params(RAW, cluster, profile)
+    model = Model(profile, RAW, cluster, load_catalog(), params)
+    stages = (Stage(0, 1, ("n0/0",), (1.0,)), Stage(1, 2, ("n0/1",), (1.0,)))
+    plan = Plan(global_batch=2, pipelines=[Pipeline(2, (1, 1), stages)], optimizer="sgd")
+    reads = {params[j].name for j in relevance(model, [_observation(plan)])[0]}
+    assert {"bandwidth[node n0]", "collective_efficiency"} <= reads
+    slower = copy.deepcopy(RAW) | {"collective_efficiency": 0.5}
+    moved = parse_cluster(slower, file="cluster.yaml", catalog=load_catalog())
+    assert simulate(plan, profile, moved).iteration_s > simulate(plan, profile, cluster).iteration_s
