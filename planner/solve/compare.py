@@ -20,6 +20,7 @@ from hetplan.simulate import simulate
 from hetplan.simulate.simulator import SimResult
 from hetplan.solve.baselines import baseline_plans
 from hetplan.solve.search import PlanOptions
+from hetplan.solve.ties import degrees_the_runtime_runs
 
 __all__ = ["compare_rows", "over_memory", "same_inputs", "sync_mode_rows"]
 
@@ -61,7 +62,7 @@ def compare_rows(
             add(name, None if recorded.get("fits", True) is False else recorded["iteration_s"])
     else:
         opts = PlanOptions(global_batch=plan.global_batch, schedule=plan.schedule, optimizer=plan.optimizer)
-        for name, candidate in baseline_plans(profile, cluster, opts, plan).items():
+        for name, candidate in baseline_plans(degrees_the_runtime_runs(profile), cluster, opts, plan).items():
             add(name, None if candidate is None else candidate.sim.iteration_s)
     for name, other in (others or {}).items():
         result = simulate(other, profile, cluster)

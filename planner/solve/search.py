@@ -63,6 +63,7 @@ from hetplan.solve.partition import (
 )
 from hetplan.solve.structures import EXHAUSTIVE_DEVICES, EXHAUSTIVE_STRUCTURES, Structure, candidate_structures
 from hetplan.solve.tables import CostTables
+from hetplan.solve.ties import ties_agree
 
 __all__ = [
     "Candidate",
@@ -249,14 +250,6 @@ def _to_plan(
         optimizer=opts.optimizer,
         zero=zero,
     )
-
-
-def ties_agree(degree: dict[int, int] | None, profile: ModelProfile) -> bool:
-    """Whether a per-block degree map (None: holders of one block disagree) holds each shared
-    (tied) entry's blocks at one degree, as the runtime needs (``check_shared_parameters``)."""
-    if degree is None:
-        return False
-    return all(len({degree.get(b, 1) for b in entry.blocks}) == 1 for entry in profile.shared)
 
 
 def block_degrees(plan: Plan) -> dict[int, int] | None:

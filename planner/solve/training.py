@@ -25,6 +25,7 @@ from hetplan.solve.background import Deferred
 from hetplan.solve.baselines import baseline_plans, fastest_uniform_tp_pp, homogeneous_baselines
 from hetplan.solve.search import Candidate, PlanOptions, PlanResult, best_plan, lower_bound, search_plans
 from hetplan.solve.sync_refine import refine_for_sync
+from hetplan.solve.ties import degrees_the_runtime_runs
 
 __all__ = ["plan_training"]
 
@@ -50,7 +51,7 @@ def plan_training(
             f"the profile shares parameters ({names}); sync {opts.sync} does not sum their gradients, use allreduce",
             field="--sync",
         )
-    profile = _degrees_the_runtime_runs(profile)
+    profile = degrees_the_runtime_runs(profile)  # a tied model outside the zoo: no TP
     beside = len(cluster.devices) >= _BACKGROUND_DEVICES
     independent = Deferred(_independent, profile, cluster, opts, background=beside) if beside else None
     try:
@@ -74,17 +75,6 @@ def plan_training(
     if opts.sync != "allreduce":
         result = _for_sync(result, profile, cluster, opts)
     return result
-
-
-def _degrees_the_runtime_runs(profile: ModelProfile) -> ModelProfile:
-    """``profile`` without tensor-parallel degrees where the runtime refuses them: a model that is
-    not from the zoo and ties parameters (``contracts.plan.check_shared_parameters``); the plans are
-    then what degree 1 gives, timed and sized by the same figures."""
-    if not profile.shared or "family" in profile.model:
-        return profile
-    if not any(b.tensor_parallel for b in profile.blocks):
-        return profile
-    return replace(profile, blocks=[replace(b, tensor_parallel={}) for b in profile.blocks])
 
 
 def _independent(

@@ -243,6 +243,11 @@ def test_a_tied_model_from_outside_the_zoo_is_planned_without_tensor_parallelism
     result = plan_training(tied, cluster, options)
     assert all(s.tensor_parallel == 1 for p in result.plan.pipelines for s in p.stages)
     check_plan(result.plan, cluster, tied)
+    # compare's baselines, found afresh for a plan file without them, keep to degree 1 too
+    from hetplan.solve.compare import compare_rows
+
+    rows = compare_rows(replace(result.plan, baselines={}), tied, cluster)
+    assert rows[0]["name"] == "hetplan" and len(rows) > 1
 
 
 def test_a_tied_gpt_is_planned_with_both_ends_at_one_degree() -> None:
