@@ -415,7 +415,7 @@ def _build(
             continue
         members = [devices[a] for a in group.devices]
         if group.shared >= 0:  # a tied copy's gradient: summed over its holders at the step
-            _shared_allreduce(engine, group, costs, members, last_compute, last_comm, done_comm, kept)
+            _shared_allreduce(engine, group, costs, members, last_compute, last_comm, done_comm, kept, senders_of)
             kinds.append(_AR)
             rows.append(-1)
             peers.append(group.id)
@@ -519,11 +519,13 @@ def _shared_allreduce(
     last_comm: dict[str, int],
     done_comm: dict[str, list[int]],
     kept: Collection[str] | None,
+    senders_of: dict[str, list[int]],
 ) -> int:
     """The all-reduce of a shared (tied) parameter's gradient: issued at the step by every holder,
-    once its backward is over and its gradient groups' all-reduces are done (the runtime's order:
-    :meth:`hetplan.runtime.parallel.tied.TiedParams.all_reduce` runs after it waits for them), so it
-    overlaps no compute; each holder's step waits for it."""
+    once its backward is over, its sends have completed and its gradient groups' all-reduces are
+    done (the runtime's order at ``OPT``, ``executor.py``: sends, groups, then
+    :meth:`hetplan.runtime.parallel.tied.TiedParams.all_reduce`), so it overlaps no compute; each
+    holder's step waits for it."""
     nbytes = costs.shared_gradient_bytes(group.shared, tp=group.tensor_parallel)
     name = costs.profile.shared[group.shared].name
     info = TaskInfo("allreduce", group.devices[0], -1, -1, group=group.id, op=f"tied all-reduce ({name})")
@@ -535,6 +537,8 @@ def _shared_allreduce(
             engine.add_edge(last_compute[address], t)
         if address in last_comm:
             engine.add_edge(last_comm[address], t)
+        for c in senders_of.get(address, ()):
+            engine.add_edge(c, t)
         last_comm[address] = t
         done_comm[address].append(t)
     return t

@@ -268,3 +268,18 @@ def test_a_tied_gpt_is_planned_with_both_ends_at_one_degree() -> None:
     check_plan(result.plan, cluster, profile)
     ends = {s.tensor_parallel for p in result.plan.pipelines for s in p.stages if s.start == 0 or s.end == 6}
     assert len(ends) == 1
+
+
+def test_the_tied_all_reduce_waits_for_the_holders_sends() -> None:
+    """The runtime's order at the step: a holder's in-flight sends, its gradient groups, then the
+    tied all-reduce. Holders in stages 1 and 2 of three, stage 1's last gradient send to stage 0 on
+    a slow network link: the all-reduce starts only when that send has ended (it ran beside it)."""
+    profile = make_profile(3, times={A100: (0.01, 0.02)}, params=1000, activation_bytes=1e6, output_bytes=2e9)
+    profile = replace(profile, shared=[SharedParams("t", 300_000_000, 1.2e9, (1, 2))])
+    cluster = make_cluster([("n0", [(A100, 1)]), ("n1", [(A100, 1)]), ("n2", [(A100, 1)])], inter="10Gbps")
+    stages = tuple(Stage(i, i + 1, (f"n{i}/0",), (1.0,)) for i in range(3))
+    plan = Plan(2, [Pipeline(2, (1, 1), stages)], optimizer="sgd")
+    timeline = simulate(plan, profile, cluster, timeline=True).timeline
+    sends = [r for r in timeline if r[0] == "n1/0" and r[1] == "send" and "n1/0 -> n0/0" in r[4]]
+    (tied,) = [r for r in timeline if r[0] == "n1/0" and "tied" in r[4]]
+    assert sends and tied[2] >= max(r[3] for r in sends)
