@@ -159,6 +159,11 @@ def explain_zero(plan: Plan, alternative: dict[str, Any] | None) -> dict[str, An
     ``fits``, ``iteration_s`` or the device that overflows; None where no block has two holders)."""
     if alternative is None:
         return {"zero": plan.zero, "why": "ZeRO-1 off: every block has one holder, there is nothing to shard"}
+    if alternative.get("tied"):
+        return {
+            "zero": plan.zero,
+            "why": f"ZeRO-1 off: the model ties parameters ({alternative['tied']}), which ZeRO-1 does not support yet",
+        }
     if alternative.get("tight") is False:
         return {
             "zero": plan.zero,

@@ -1208,7 +1208,7 @@ def _settle_zero(best: Candidate, profile: ModelProfile, cluster: Cluster) -> tu
     kept candidate and the other way's figures (``{"tight": False}`` where it was not tried)."""
     single = len(best.plan.pipelines) == 1 and not any(s.replicated for s in best.plan.pipelines[0].stages)
     if profile.shared:  # ZeRO-1 refuses tied parameters (check_shared_parameters)
-        return best, None
+        return best, None if single else {"tied": ", ".join(entry.name for entry in profile.shared)}
     if not best.tight and not best.plan.zero:
         return best, None if single else {"tight": False}
     alternative = _zero_alternative(best.plan, best.sim, profile, cluster)

@@ -224,6 +224,9 @@ def test_the_planner_never_shards_a_tied_models_optimizer_state() -> None:
     result = plan_training(tied, cluster, PlanOptions(global_batch=8, micro_batch_sizes=(1, 2)))
     assert result.plan.zero == 0
     check_plan(result.plan, cluster, tied)
+    holders = len(result.plan.pipelines) > 1 or any(s.replicated for p in result.plan.pipelines for s in p.stages)
+    assert holders  # so ZeRO-1 had something to shard, and the plan says why it is off
+    assert "ties parameters (table)" in result.explanations["zero"]["why"]
     for baseline in result.baselines.values():
         assert baseline is None or baseline.plan.zero == 0
     with pytest.raises(HetplanError, match="sync topk does not sum their gradients") as err:
