@@ -620,6 +620,22 @@ class _Search:
             return self.costs.allreduce_over_nodes(nbytes, groups.first_counts)
         return self.costs.allreduce(nbytes, groups.first_devices[::tp])
 
+    def _tied_sync(self, structure: Structure, parts: list[Partition]) -> float:
+        """The all-reduces of the shared (tied) parameters' gradients over their holders: after the
+        backward, before the step, overlapping nothing (the simulator's order); 0 without any."""
+        total = 0.0
+        for index, entry in enumerate(self.profile.shared):
+            devices: list[Device] = []
+            degree = 1
+            for slots, part in zip(structure.pipelines, parts, strict=True):
+                for s in range(len(part.cuts) - 1):
+                    if entry.held_by(part.cuts[s], part.cuts[s + 1]):
+                        degree = part.option(s)[0]
+                        devices.extend(slots[s].devices[::degree])  # shard 0's holders: one per replica
+            if len(devices) > 1:
+                total += self.costs.allreduce(self.costs.shared_gradient_bytes(index, degree), devices)
+        return total
+
     def evaluate(self, structure: Structure) -> list[Candidate]:
         """The structure's best candidate without ZeRO, and with it where memory is tight."""
         return [found.candidate(self.opts) for found in self.found(structure)]
@@ -777,7 +793,7 @@ class _Search:
             parts = [distinct[u] for u in inverse_list]
             members = np.unique(inverse.ravel(), return_index=True)[1]  # shares as first allocated
         estimate = max(_pipeline_time(parts[i], size_of[i])(int(shares[i])) for i in members.tolist())
-        estimate += self._exposed_sync(groups, distinct)
+        estimate += self._exposed_sync(groups, distinct) + self._tied_sync(structure, parts)
         return _Found(
             structure,
             parts,
