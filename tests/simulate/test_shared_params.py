@@ -286,3 +286,23 @@ def test_the_tied_all_reduce_waits_for_the_holders_sends() -> None:
     sends = [r for r in timeline if r[0] == "n1/0" and r[1] == "send" and "n1/0 -> n0/0" in r[4]]
     (tied,) = [r for r in timeline if r[0] == "n1/0" and "tied" in r[4]]
     assert sends and tied[2] >= max(r[3] for r in sends)
+
+
+def test_the_searchs_estimate_prices_the_tied_all_reduce() -> None:
+    """A two-stage pipeline holding the two ends of a tied table: the search's closed form adds the
+    table's all-reduce between the two devices (it runs after the backward, overlapping nothing)."""
+    from hetplan.solve.search import _Search
+    from hetplan.solve.structures import candidate_structures
+
+    tied, plain = _profile()
+    cluster = make_cluster([("n0", [(A100, 2)])], intra="10GB/s")
+    options = PlanOptions(global_batch=4, micro_batch_sizes=(2,), baselines=False)
+    structure = next(
+        s for s in candidate_structures(cluster, n_blocks=4) if len(s.pipelines) == 1 and len(s.pipelines[0]) == 2
+    )
+    (with_tie,) = _Search(tied, cluster, options).found(structure)
+    (without,) = _Search(plain, cluster, options).found(structure)
+    assert [p.cuts for p in with_tie.parts] == [p.cuts for p in without.parts]
+    devices = [cluster.device("n0/0"), cluster.device("n0/1")]
+    seconds = CostModel(tied, cluster, optimizer="adam").allreduce(4.0 * TABLE, devices)
+    assert with_tie.estimate - without.estimate == pytest.approx(seconds)
