@@ -20,7 +20,7 @@ from hetplan.contracts.model_profile import ModelProfile
 from hetplan.contracts.plan import Plan, check_plan, load_plan
 from hetplan.contracts.runlog import check_log_matches, load_run_log
 from hetplan.errors import HetplanError
-from hetplan.schedule.compile import CompiledPlan, compile_plan, with_shared_groups
+from hetplan.schedule.compile import CompiledPlan, compile_plan
 
 __all__ = ["WARMUP_STEPS", "Observation", "load_observations"]
 
@@ -100,11 +100,7 @@ def load_observations(measurements: Measurements, profile: ModelProfile, cluster
         obs = Observation(
             name=run.name,
             plan=plan,
-            # with the shared parameters' groups: their all-reduce reads the links and the
-            # collective efficiency as any group's does (relevance.py)
-            compiled=with_shared_groups(
-                compile_plan(plan, len(profile.blocks)), plan, [entry.blocks for entry in profile.shared]
-            ),
+            compiled=compile_plan(plan, len(profile.blocks)),
             iteration_s=run.iteration_s or 0.0,
             peak_memory=dict(run.peak_memory),
             files={"plan": run.plan},

@@ -30,7 +30,7 @@ __all__ = ["relevance"]
 
 
 def _signature(cluster: Cluster, compiled: CompiledPlan) -> tuple:
-    """Every figure of the cluster the simulation of ``obs``'s plan may read: the link of each
+    """Every figure of the cluster the simulation of a compiled plan may read: the link of each
     transfer, the network interface of each node with traffic to another node, for each gradient
     group held by several devices the links an all-reduce among them may cross (each node's own
     link where it holds two or more of them, the network path between any two of their nodes) and
