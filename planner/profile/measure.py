@@ -841,7 +841,7 @@ def _measure_degree(
             {
                 "params": sum(p.numel() for p in own),
                 "param_bytes": float(sum(p.numel() * p.element_size() for p in own)),
-                "tied": tied,  # the tied parameters' shards (SharedParams.tensor_parallel), popped below
+                "tied": tied,  # the tied parameters' shards (SharedParams.tensor_parallel), not a TensorParallel field
                 "activation_bytes": kept,
                 "allreduce_bytes": _tp_allreduce_bytes(shard, out_bytes, inputs[m][i], finishes[m], m),
                 "times": {type_name: {s: _timing(fwd[s], bwd[s]) for s in sizes}},
