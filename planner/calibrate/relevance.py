@@ -75,8 +75,7 @@ def relevance(model: Model, observations: list[Observation]) -> list[set[int]]:
     # logs): an iteration time alone mixes them with links and bubbles, and a few such runs fit noise
     logged = [{model.cluster.device(a).type.name for a, s in obs.compute_s.items() if s > 0} for obs in observations]
     overlapped = [_overlapping_types(model.cluster, obs) & logged[i] for i, obs in enumerate(observations)]
-    holders = [entry.blocks for entry in model.profile.shared]
-    compiled = [with_shared_groups(obs.compiled, obs.plan, holders) for obs in observations]
+    compiled = [with_shared_groups(obs.compiled, obs.plan, model.profile.shared) for obs in observations]
     base = [_signature(model.cluster, c) for c in compiled]
     for j, p in enumerate(model.params):
         if p.kind in ("compute", "overhead", "overlap"):

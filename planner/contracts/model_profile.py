@@ -254,6 +254,14 @@ class ModelProfile:
         """Every parameter of the model once: the blocks' own and each shared entry."""
         return sum(b.params for b in self.blocks) + sum(s.params for s in self.shared)
 
+    def block_params(self, index: int, tp: int = 1) -> tuple[float, float]:
+        """(params, param_bytes) one member of block ``index`` at degree ``tp`` holds with the
+        shared entries it is a holder of: the count a framework building that block alone sees
+        (DeepSpeed's per-layer count, the analytic costs), not a stage's (:meth:`shared_held`)."""
+        own = self.shard(index, tp)
+        params, weights = self.shared_held(index, index + 1, tp)
+        return own.params + params, own.param_bytes + weights
+
     def shared_held(self, start: int, end: int, tp: int = 1) -> tuple[float, float]:
         """(params, param_bytes) of the shared parameters one member of a degree-``tp`` stage of
         blocks ``[start, end)`` keeps beside its blocks' own: each entry it holds a block of, once."""

@@ -50,6 +50,7 @@ __all__ = [
     "check_dtype_supported",
     "check_plan",
     "check_shared_parameters",
+    "check_shared_sync",
     "load_plan",
     "load_plan_inputs",
     "parse_pipelines",
@@ -568,12 +569,7 @@ def check_shared_parameters(plan: Plan, profile: ModelProfile) -> None:
             file=plan.file,
             field="zero",
         )
-    if plan.sync != "allreduce":
-        raise HetplanError(
-            f"the profile shares parameters ({names}); sync {plan.sync} does not sum their gradients, use allreduce",
-            file=plan.file,
-            field="sync",
-        )
+    check_shared_sync(profile, plan.sync, file=plan.file, field="sync")
     if "family" not in profile.model and any(s.tensor_parallel > 1 for p in plan.pipelines for s in p.stages):
         raise HetplanError(
             f"the profile shares parameters ({names}); tensor parallelism supports that for zoo models only yet",
@@ -595,6 +591,18 @@ def check_shared_parameters(plan: Plan, profile: ModelProfile) -> None:
                 file=plan.file,
                 field="pipelines",
             )
+
+
+def check_shared_sync(profile: ModelProfile, sync: str, *, file: str | None, field: str) -> None:
+    """Refuse a sync mode that does not sum a shared (tied) parameter's gradients over its holders
+    (only ``allreduce`` does): a plan's, or the one a search is asked for."""
+    if profile.shared and sync != "allreduce":
+        names = ", ".join(entry.name for entry in profile.shared)
+        raise HetplanError(
+            f"the profile shares parameters ({names}); sync {sync} does not sum their gradients, use allreduce",
+            file=file,
+            field=field,
+        )
 
 
 def check_dtype_supported(

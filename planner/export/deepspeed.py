@@ -100,9 +100,7 @@ def _choose_cuts(profile: ModelProfile, stages: int, reference: tuple[int, ...])
     options = {
         # DeepSpeed counts a tied layer's parameters in every layer holding it (each builds the module)
         "parameters": tuple(
-            deepspeed_parameters(
-                [b.params + profile.shared_held(i, i + 1)[0] for i, b in enumerate(profile.blocks)], stages
-            )
+            deepspeed_parameters([profile.block_params(i)[0] for i in range(len(profile.blocks))], stages)
         ),
         "uniform": tuple(deepspeed_uniform(n, stages)),
     }

@@ -78,17 +78,14 @@ def compare_with_analytic(measured: ModelProfile, family_model: Mapping[str, Any
             f"analytic {len(want)} ({', '.join(want[:4])}, ...)"
         ]
     # the analytic costs count a tied table in every block that holds it; the profile lists it once,
-    # under ``shared``: each block's share of those entries is added back before comparing
-    held = {
-        "params": [measured.shared_held(i, i + 1)[0] for i in range(len(got))],
-        "param_bytes": [measured.shared_held(i, i + 1)[1] for i in range(len(got))],
-    }
+    # under ``shared``: each block is compared with the entries it holds
+    with_shared = [measured.block_params(i) for i in range(len(got))]
+    held = {"params": [p for p, _ in with_shared], "param_bytes": [w for _, w in with_shared]}
     lines = []
     for attr, label, unit in QUANTITIES:
-        extra = held.get(attr, [0.0] * len(got))
+        mine = held.get(attr) or [float(getattr(b, attr)) for b in measured.blocks]
         pairs = [
-            (b.name, float(getattr(b, attr)) + e, float(getattr(c, attr)))
-            for b, c, e in zip(measured.blocks, costs, extra, strict=True)
+            (b.name, float(m), float(getattr(c, attr))) for b, c, m in zip(measured.blocks, costs, mine, strict=True)
         ]
         off = [(n, m, a) for n, m, a in pairs if _differs(m, a)]
         if not off:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import NamedTuple
 
+from hetplan.contracts.model_profile import SharedParams
 from hetplan.contracts.plan import Plan, split_micro_batch
 from hetplan.errors import HetplanError
 from hetplan.schedule.actions import Action, Kind
@@ -191,9 +192,9 @@ def gradient_groups(plan: Plan, n_blocks: int) -> list[GradGroup]:
     return groups
 
 
-def shared_groups(plan: Plan, holders: Sequence[Sequence[int]], first_id: int) -> list[GradGroup]:
+def shared_groups(plan: Plan, shared: Sequence[SharedParams], first_id: int) -> list[GradGroup]:
     """One group per shared (tied) parameter entry and shard place, numbered from ``first_id``: the
-    devices holding any of the entry's blocks ``holders[i]`` (at degree ``t``, the ``k``-th members of
+    devices holding any of entry ``i``'s blocks (at degree ``t``, the ``k``-th members of
     each holding replica: shard ``k`` of a vocabulary-parallel tied table), in program order. The
     runtime sums such a gradient over exactly these devices at the step, after the gradient groups'
     all-reduces (:class:`hetplan.runtime.parallel.tied.TiedParams`). Empty for the sync modes that
@@ -201,12 +202,12 @@ def shared_groups(plan: Plan, holders: Sequence[Sequence[int]], first_id: int) -
     if plan.sync != "allreduce":
         return []
     groups: list[GradGroup] = []
-    for index, blocks in enumerate(holders):
+    for index, entry in enumerate(shared):
         places: dict[int, list[str]] = {}
         degree = 1
         for p in plan.pipelines:
             for s in p.stages:
-                if any(s.start <= b < s.end for b in blocks):
+                if entry.held_by(s.start, s.end):
                     degree = s.tensor_parallel
                     for i, address in enumerate(s.devices):
                         places.setdefault(i % s.tensor_parallel, []).append(address)
@@ -218,13 +219,13 @@ def shared_groups(plan: Plan, holders: Sequence[Sequence[int]], first_id: int) -
     return groups
 
 
-def with_shared_groups(compiled: CompiledPlan, plan: Plan, holders: Sequence[Sequence[int]]) -> CompiledPlan:
+def with_shared_groups(compiled: CompiledPlan, plan: Plan, shared: Sequence[SharedParams]) -> CompiledPlan:
     """``compiled`` with the shared parameters' groups after its own (:func:`shared_groups`); the
     same object where there are none or it has them already. No action is added: the simulator
     times them at the step and the walk counts their communicators."""
-    if compiled.with_shared or not holders:
+    if compiled.with_shared or not shared:
         return compiled
-    extra = shared_groups(plan, holders, len(compiled.groups))
+    extra = shared_groups(plan, shared, len(compiled.groups))
     return replace(compiled, groups=[*compiled.groups, *extra], with_shared=True)
 
 

@@ -195,11 +195,14 @@ def held_output_bytes(profile: ModelProfile, end: int, tp: int = 1) -> float:
     logits, 1/t of them (Megatron's vocabulary-parallel cross-entropy never gathers them)."""
     block = profile.blocks[end - 1]
     last = end == len(profile.blocks)
-    if tp > 1 and last and block.kind == "head":
-        # a tied head's table is a shared entry: counted with the block's own parameters
-        member = profile.shard(end - 1, tp).params + profile.shared_held(end - 1, end, tp)[0]
-        if member < block.params + profile.shared_held(end - 1, end)[0]:
-            return block.output_bytes / tp
+    # a tied head's table is a shared entry: counted with the block's own parameters
+    if (
+        tp > 1
+        and last
+        and block.kind == "head"
+        and profile.block_params(end - 1, tp)[0] < profile.block_params(end - 1)[0]
+    ):
+        return block.output_bytes / tp
     return block.output_bytes
 
 
@@ -642,7 +645,7 @@ def plan_memory(
     summed in place, no bucket)."""
     if plan is not None:
         profile = whole_vocab_profile(plan, profile)  # vocab_parallel: false stages hold the vocabulary whole
-        compiled = with_shared_groups(compiled, plan, [entry.blocks for entry in profile.shared])
+        compiled = with_shared_groups(compiled, plan, profile.shared)
     reduced: dict[str, set[int]] = {a: set() for a in compiled.programs}
     holders: dict[str, dict[int, int]] = {a: {} for a in compiled.programs}
     in_groups = dict.fromkeys(compiled.programs, 0)  # gradient groups of 2+ devices each device is in

@@ -885,7 +885,7 @@ def _simulate(
     copied = uncompiled_pipelines(plan, folding)
     if compiled is None or not compiled.skipped <= copied:  # a skipped pipeline must be a copy
         compiled = compile_plan(plan, len(profile.blocks), skip=copied)
-    compiled = with_shared_groups(compiled, plan, [entry.blocks for entry in profile.shared])
+    compiled = with_shared_groups(compiled, plan, profile.shared)
     costs = shared_cost_model(profile, cluster, plan.optimizer)
     engine, tasks, capacity = _build(compiled, costs, cluster, plan, folding.kept if folding is not None else None)
     iteration = engine.run(capacity)

@@ -213,7 +213,7 @@ def prepare_job(job: TogetherJob, *, iterations: int = 6) -> PreparedJob:
         sim = simulate(job.plan, job.profile, job.cluster)  # checks the plan against its inputs
         check_memory(sim, job.plan)
         compiled = compile_plan(job.plan, len(job.profile.blocks))
-        compiled = with_shared_groups(compiled, job.plan, [entry.blocks for entry in job.profile.shared])
+        compiled = with_shared_groups(compiled, job.plan, job.profile.shared)
         costs = CostModel(whole_vocab_profile(job.plan, job.profile), job.cluster, optimizer=job.plan.optimizer)
         engine, _, capacity = _build(compiled, costs, job.cluster, job.plan)
     prepared = PreparedJob(job=job, compiled=compiled, engine=engine, capacity=capacity, sim=sim)

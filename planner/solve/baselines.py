@@ -268,7 +268,7 @@ def _baselines_here(
         uniform = [[round(i * n / len(p.stages)) for i in range(len(p.stages) + 1)] for p in reference.pipelines]
         out["uniform"] = score("uniform", _recut(reference, uniform, shares))
         # as DeepSpeed counts them: a tied layer's parameters in every layer holding it
-        params = [b.params + profile.shared_held(i, i + 1)[0] + 1e-9 for i, b in enumerate(profile.blocks)]
+        params = [profile.block_params(i)[0] + 1e-9 for i in range(len(profile.blocks))]
         # one DP per distinct input: a 512-device reference has hundreds of pipelines of a few depths
         by_params = _memo(lambda stages: balanced_cuts(params, stages))
         out["deepspeed_parameters"] = score(

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from hetplan.contracts.cluster import Cluster
 from hetplan.contracts.model_profile import ModelProfile
-from hetplan.contracts.plan import Plan, parse_plan
+from hetplan.contracts.plan import Plan, check_shared_sync, parse_plan
 from hetplan.errors import HetplanError
 from hetplan.simulate import simulate
 from hetplan.simulate.simulator import SimResult
@@ -45,12 +45,7 @@ def plan_training(
     (baselines are candidates too: the plan is never slower than any of them)."""
     # the homogeneous baselines and the lower bound need no search result: on a large cluster they
     # run beside the search (and the Megatron-style family beside the other baselines)
-    if profile.shared and opts.sync != "allreduce":
-        names = ", ".join(entry.name for entry in profile.shared)
-        raise HetplanError(
-            f"the profile shares parameters ({names}); sync {opts.sync} does not sum their gradients, use allreduce",
-            field="--sync",
-        )
+    check_shared_sync(profile, opts.sync, file=None, field="--sync")
     profile = degrees_the_runtime_runs(profile)  # a tied model outside the zoo: no TP
     beside = len(cluster.devices) >= _BACKGROUND_DEVICES
     independent = Deferred(_independent, profile, cluster, opts, background=beside) if beside else None
