@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HETPLAN_RANK_START", "forkserver")
 sys.path.insert(0, str(ROOT / "tests"))
 
-from suite_groups import process_scope  # noqa: E402 (tests/ is on sys.path from the line above)
+from suite_groups import process_scope, slowest_first  # noqa: E402 (tests/ is on sys.path from the line above)
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before xdist's own loadgroup scheduler
@@ -36,6 +36,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return process_scope(nodeid)
 
     return ProcessGroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` the slowest single-process files first (``suite_groups.SLOWEST_FIRST``):
+    xdist hands out the work units in collection order, and a minute-long test handed out last
+    leaves one worker running it alone. Serial runs keep pytest's order."""
+    # an xdist worker runs with dist "no" and says loadgroup in an option of its own
+    if getattr(config.option, "loadgroup", False) or config.getoption("dist", "no") == "loadgroup":
+        items[:] = [items[i] for i in slowest_first([item.nodeid for item in items])]
 
 
 SHARED_EXTERNAL = ROOT.parent / "shared" / "external"

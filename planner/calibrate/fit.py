@@ -36,6 +36,7 @@ from hetplan.calibrate.inputs import Observation
 from hetplan.calibrate.params import Model, Param
 from hetplan.calibrate.relevance import relevance
 from hetplan.simulate import simulate
+from hetplan.simulate.memory import MemoryUse
 from hetplan.simulate.simulator import SimResult
 
 __all__ = [
@@ -83,6 +84,9 @@ class Problem:
     rows: list[Row] = field(default_factory=list)
     reads: list[set[int]] = field(default_factory=list)  # per run, the parameters its simulation reads
     _cache: dict[tuple, SimResult] = field(default_factory=dict, repr=False)
+    #: Per run, its memory walk from its first simulation: the fitted parameters are times, links
+    #: and overheads, which the walk never reads (``simulate``'s ``memory``).
+    _memory: dict[int, dict[str, MemoryUse]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for i, obs in enumerate(self.observations):
@@ -115,7 +119,8 @@ class Problem:
                 if built is None:
                     built = self.model.build({self.params[j]: self.params[j].value(float(theta[j])) for j in active})
                 obs = self.observations[i]
-                sim = simulate(obs.plan, built[0], built[1], compiled=obs.compiled)
+                sim = simulate(obs.plan, built[0], built[1], compiled=obs.compiled, memory=self._memory.get(i))
+                self._memory.setdefault(i, {a: d.memory for a, d in sim.devices.items()})
                 if len(self._cache) >= CACHE_SIZE:
                     self._cache.clear()
                 self._cache[key] = sim

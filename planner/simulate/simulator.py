@@ -771,12 +771,23 @@ def _timeline_rows(engine: Engine, compiled: CompiledPlan) -> list[tuple[str, st
 
 
 def simulate(
-    plan: Plan, profile: ModelProfile, cluster: Cluster, *, timeline: bool = False, compiled: CompiledPlan | None = None
+    plan: Plan,
+    profile: ModelProfile,
+    cluster: Cluster,
+    *,
+    timeline: bool = False,
+    compiled: CompiledPlan | None = None,
+    memory: dict[str, MemoryUse] | None = None,
 ) -> SimResult:
-    """Simulate one iteration of ``plan``; raises :class:`HetplanError` if it does not match its inputs."""
+    """Simulate one iteration of ``plan``; raises :class:`HetplanError` if it does not match its inputs.
+
+    ``memory``: the plan's memory walk (``{address: result.devices[address].memory}`` of an earlier
+    simulation) where the caller has it. The walk reads bytes and capacities only, never a time,
+    a bandwidth or an overhead, so a caller that changes only those (calibration's fit, which
+    simulates each measured plan hundreds of times) may keep it instead of walking again."""
     with gc_paused():
         check_plan(plan, cluster, profile)
-        return _simulate(plan, profile, cluster, timeline=timeline, compiled=compiled)
+        return _simulate(plan, profile, cluster, timeline=timeline, compiled=compiled, memory=memory)
 
 
 def simulate_if_fits(plan: Plan, profile: ModelProfile, cluster: Cluster) -> SimResult | None:

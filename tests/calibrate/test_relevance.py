@@ -109,3 +109,27 @@ def test_a_tied_copys_all_reduce_reads_the_links_and_the_collective_efficiency()
     slower = copy.deepcopy(RAW) | {"collective_efficiency": 0.5}
     moved = parse_cluster(slower, file="cluster.yaml", catalog=load_catalog())
     assert simulate(plan, profile, moved).iteration_s > simulate(plan, profile, cluster).iteration_s
+
+
+def test_the_fit_keeps_each_runs_memory_walk_because_no_parameter_moves_it() -> None:
+    """The fit walks a run's memory once (``Problem._memory``): every candidate parameter, moved
+    far from its input value, leaves a fresh walk equal to the kept one."""
+    import numpy as np
+
+    from hetplan.calibrate.fit import Problem
+
+    profile = _profile()
+    cluster = parse_cluster(copy.deepcopy(RAW), file="cluster.yaml", catalog=load_catalog())
+    params = candidate_params(RAW, cluster, profile)
+    model = Model(profile, RAW, cluster, load_catalog(), params)
+    stage = Stage(0, 2, ("n0/0", "n0/1"), (1.0,), tensor_parallel=2)
+    plan = Plan(global_batch=2, pipelines=[Pipeline(2, (1, 1), (stage,))], optimizer="adam")
+    problem = Problem(model, [_observation(plan)])
+    active = list(range(len(params)))
+    kept = problem.simulate(np.zeros(len(params)), [0], active)[0]
+    moved_theta = np.full(len(params), 2.0)
+    moved = problem.simulate(moved_theta, [0], active)[0]
+    built = model.build({p: p.value(2.0) for p in params})
+    fresh = simulate(plan, *built)
+    assert moved.iteration_s == fresh.iteration_s != kept.iteration_s
+    assert {a: d.memory for a, d in moved.devices.items()} == {a: d.memory for a, d in fresh.devices.items()}
