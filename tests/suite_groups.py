@@ -20,10 +20,11 @@ STARTS_PROCESSES = (
     "torchrun",
     "subprocess",
 )
-#: pytest-xdist's group for those modules' tests: under ``-n 2 --dist loadgroup`` (an opt-in two-worker
-#: run, docs/benchmarks.md "Test suite") they run one after another on one worker, as without xdist,
-#: while the other worker takes the single-process tests. Two launches at once would put 8 to 16 ranks
-#: on 2 cores, and ranks with short timeouts would then time out.
+#: pytest-xdist's group for those modules' tests: under ``-n 2 --dist loadgroup`` (the README's
+#: two-worker run, docs/benchmarks.md "Test suite") they run one after another on one worker, as
+#: without xdist, while the other worker takes the single-process tests and those of
+#: :data:`BESIDE_THE_GROUP`. Two launches at once would put 8 to 16 ranks on 2 cores, and ranks with
+#: short timeouts would then time out.
 PROCESS_GROUP = "starts-processes"
 #: Files that start processes yet may run beside the group, each test as a work unit of its own:
 #: their tests start one process at a time (a script, the CLI, a wheel build) or a short run of two
