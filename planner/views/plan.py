@@ -14,7 +14,7 @@ from rich.text import Text
 
 from hetplan.contracts.cluster import Cluster
 from hetplan.contracts.model_profile import ModelProfile
-from hetplan.contracts.plan import Plan, Stage
+from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.errors import HetplanError
 from hetplan.profile.trust import Band, time_band
 from hetplan.units import format_bytes, format_time
@@ -60,27 +60,33 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile
     )
     for col in ("pipe", "batch", "micro-batches", "stage", "blocks", "devices", "headroom"):
         table.add_column(col)
-    for pi, p in enumerate(plan.pipelines):
-        for si, s in enumerate(p.stages):
-            names = []
-            rooms = []
-            for d in s.devices:
-                dev = cluster.device(d)
-                label = f"{d} {dev.type.name}" + (f" ({s.share_of(d):.0%})" if s.replicated else "")
-                names.append(label)
-                mem = memory.get(d)
-                if mem:
-                    room = mem["capacity_bytes"] - mem["peak_bytes"]
-                    rooms.append(Text(format_bytes(room), style="green" if room >= 0 else "bold red"))
+    rows = [_pipeline_rows(p, cluster, memory) for p in plan.pipelines]
+    shapes = [(p.batch, p.micro_batches, tuple(r[2] for r in rows[i])) for i, p in enumerate(plan.pipelines)]
+    for first, last in _alike_runs(shapes):
+        p = plan.pipelines[first]
+        for si, (s, (names, rooms, _)) in enumerate(zip(p.stages, rows[first], strict=True)):
             head = si == 0
             table.add_row(
-                str(pi) if head else "",
+                str(first) if head else "",
                 str(p.batch) if head else "",
                 micro_batch_runs(p.micro_batches) if head else "",
                 str(si),
                 f"[{s.start}, {s.end})" + _options(s),
                 "\n".join(names),
                 Text("\n").join(rooms) if rooms else "",
+            )
+        if last > first:
+            others = [a for p in plan.pipelines[first + 1 : last + 1] for s in p.stages for a in s.devices]
+            nodes = list(dict.fromkeys(cluster.device(a).node for a in others))
+            where = nodes[0] if len(nodes) == 1 else f"{nodes[0]} to {nodes[-1]}"
+            table.add_row(
+                f"{first + 1}-{last}",
+                str(p.batch),
+                micro_batch_runs(p.micro_batches),
+                "all",
+                f"as pipe {first}",
+                f"{len(others)} devices on {len(nodes)} node(s), {where}",
+                "as pipe " + str(first) if rows[first][0][1] else "",
             )
     out: list[Any] = [table]
     if any(cluster.device(a).type.emulated for a in plan.all_devices()):
@@ -119,6 +125,48 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile
     if plan.baselines:
         out.append(compare_table(_rows_from_file(plan, band)))
     return out
+
+
+#: Pipelines alike in a row (same batch, micro-batches, stages, device types, shares and headroom)
+#: from which the plan table prints the first whole and the rest as one row: a 512-device plan of
+#: 200 pipelines printed 512 device rows.
+FOLD_ALIKE = 3
+
+
+def _pipeline_rows(p: Pipeline, cluster: Cluster, memory: dict) -> list[tuple[list[str], list[Text], tuple]]:
+    """Per stage: the devices column's lines, the headroom column's, and what the stage is apart
+    from which devices run it (its blocks, options, each member's type, share and headroom)."""
+    out = []
+    for s in p.stages:
+        names, rooms, alike = [], [], []
+        for d in s.devices:
+            dev = cluster.device(d)
+            share = f" ({s.share_of(d):.0%})" if s.replicated else ""
+            names.append(f"{d} {dev.type.name}{share}")
+            mem = memory.get(d)
+            room = None
+            if mem:
+                room = mem["capacity_bytes"] - mem["peak_bytes"]
+                rooms.append(Text(format_bytes(room), style="green" if room >= 0 else "bold red"))
+            alike.append(
+                (dev.type.name, share, format_bytes(room) if room is not None else None, room is None or room >= 0)
+            )
+        out.append((names, rooms, (s.start, s.end, _options(s), tuple(alike))))
+    return out
+
+
+def _alike_runs(shapes: list[tuple]) -> list[tuple[int, int]]:
+    """(first, last) pipeline of each run of equal ``shapes`` in order, runs shorter than
+    :data:`FOLD_ALIKE` split into single pipelines."""
+    runs: list[tuple[int, int]] = []
+    i = 0
+    while i < len(shapes):
+        j = i
+        while j + 1 < len(shapes) and shapes[j + 1] == shapes[i]:
+            j += 1
+        runs.extend([(i, j)] if j - i + 1 >= FOLD_ALIKE else [(k, k) for k in range(i, j + 1)])
+        i = j + 1
+    return runs
 
 
 def micro_batch_runs(sizes: tuple[int, ...] | list[int]) -> str:

@@ -1,6 +1,6 @@
 """Issue 24's rough edges in what ``plan``, ``show`` and ``compare`` print: runners-up that repeat the
-winner or lose their emulated type names, 128 micro-batch sizes in a row, and ``compare --with``
-of plans with different global batches."""
+winner or lose their emulated type names, 128 micro-batch sizes in a row, ``compare --with`` of
+plans with different global batches, and hundreds of alike pipelines printed device by device."""
 
 from __future__ import annotations
 
@@ -102,3 +102,30 @@ def test_compare_with_a_plan_of_another_global_batch_is_per_sample_and_says_so()
     assert "per sample" in text and "large has global batch 16" in text
     same = compare_rows(small.plan, profile, cluster, others={"again": small.plan})[-1]
     assert "per_sample" not in same and same["speedup"] == 1.0
+
+
+def test_the_plan_table_prints_runs_of_alike_pipelines_once() -> None:
+    """A 512-device plan of 200 pipelines printed 512 device rows: three or more alike pipelines in a
+    row (batch, micro-batches, stages, types, headroom) print the first whole and the rest as one row
+    naming how many devices on which nodes; two alike, or pipelines that differ, print whole."""
+    from hetplan.contracts.plan import Pipeline, Plan, Stage
+
+    profile = make_profile(4, per_block={A100: [(1.0, 2.0)] * 4, T4: [(4.0, 8.0)] * 4})
+    cluster = make_cluster([(f"n{i}", [(A100, 2)]) for i in range(4)] + [("t", [(T4, 2)])], inter="10GB/s")
+
+    def pipe(node: str, batch: int = 4) -> Pipeline:
+        return Pipeline(
+            batch, (2,) * (batch // 2), (Stage(0, 2, (f"{node}/0",), (1.0,)), Stage(2, 4, (f"{node}/1",), (1.0,)))
+        )
+
+    pipes = [*(pipe(f"n{i}") for i in range(4)), pipe("t", 2)]
+    plan = Plan(global_batch=18, pipelines=pipes, optimizer="sgd")
+    text = _text(plan_summary_renderables(plan, cluster, profile))
+    assert "n0/0" in text and "n0/1" in text  # the first of the run, whole
+    assert "n1/0" not in text and "n3/1" not in text
+    assert "1-3" in text and "6 devices on 3 node(s), n1 to n3" in text and "as pipe 0" in text
+    assert "t/0" in text and "t/1" in text  # another shape: printed whole
+    # two alike in a row are printed whole
+    two = Plan(global_batch=10, pipelines=[pipe("n0"), pipe("n1"), pipe("t", 2)], optimizer="sgd")
+    text = _text(plan_summary_renderables(two, cluster, profile))
+    assert all(f"{n}/{d}" in text for n in ("n0", "n1", "t") for d in (0, 1)) and "as pipe" not in text
