@@ -10,7 +10,7 @@ from hetplan.calibrate.inputs import Observation
 from hetplan.calibrate.params import Model, candidate_params
 from hetplan.calibrate.relevance import relevance
 from hetplan.contracts.catalog import load_catalog
-from hetplan.contracts.cluster import parse_cluster
+from hetplan.contracts.cluster import Cluster, parse_cluster
 from hetplan.contracts.model_profile import Block, ModelProfile, TensorParallel, Timing
 from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.schedule.compile import compile_plan
@@ -55,13 +55,18 @@ def _observation(plan: Plan) -> Observation:
     return Observation(name="tp2", plan=plan, compiled=compile_plan(plan, 2), iteration_s=1.0)
 
 
-def test_a_tensor_parallel_run_reads_its_node_link_and_the_collective_efficiency() -> None:
+def _tp2_case(optimizer: str) -> tuple[ModelProfile, Cluster, list, Model, Plan]:
+    """The profile, cluster, candidate parameters and model of one node, and a TP 2 plan on it."""
     profile = _profile()
     cluster = parse_cluster(copy.deepcopy(RAW), file="cluster.yaml", catalog=load_catalog())
     params = candidate_params(RAW, cluster, profile)
     model = Model(profile, RAW, cluster, load_catalog(), params)
     stage = Stage(0, 2, ("n0/0", "n0/1"), (1.0,), tensor_parallel=2)
-    plan = Plan(global_batch=2, pipelines=[Pipeline(2, (1, 1), (stage,))], optimizer="sgd")
+    return profile, cluster, params, model, Plan(2, [Pipeline(2, (1, 1), (stage,))], optimizer=optimizer)
+
+
+def test_a_tensor_parallel_run_reads_its_node_link_and_the_collective_efficiency() -> None:
+    profile, cluster, params, model, plan = _tp2_case("sgd")
     reads = {params[j].name for j in relevance(model, [_observation(plan)])[0]}
     # the simulation really moves with the node's link: a 10x slower link is a slower iteration
     slow = copy.deepcopy(RAW)
@@ -118,12 +123,7 @@ def test_the_fit_keeps_each_runs_memory_walk_because_no_parameter_moves_it() -> 
 
     from hetplan.calibrate.fit import Problem
 
-    profile = _profile()
-    cluster = parse_cluster(copy.deepcopy(RAW), file="cluster.yaml", catalog=load_catalog())
-    params = candidate_params(RAW, cluster, profile)
-    model = Model(profile, RAW, cluster, load_catalog(), params)
-    stage = Stage(0, 2, ("n0/0", "n0/1"), (1.0,), tensor_parallel=2)
-    plan = Plan(global_batch=2, pipelines=[Pipeline(2, (1, 1), (stage,))], optimizer="adam")
+    _, _, params, model, plan = _tp2_case("adam")
     problem = Problem(model, [_observation(plan)])
     active = list(range(len(params)))
     kept = problem.simulate(np.zeros(len(params)), [0], active)[0]
