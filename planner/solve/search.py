@@ -83,7 +83,7 @@ _LOCAL_SEARCH_DEVICES = 8  # up to this many devices, refine with simulator-driv
 # from every simulated candidate, best first (the closed form that picked each one's cuts, shares
 # and sizes is blind to where a bottleneck stage sits and prices a remainder micro-batch in
 # proportion to its size, so a candidate far down the ranking can be one move from the optimum),
-_REFINE_TASKS = 120_000  # ... until this many simulated tasks are spent (about 1-2 s here)
+_REFINE_TASKS = 120_000  # ... until this many simulated tasks are spent (4 s of a 10 s plan on mixed-small)
 _BOUND_SLACK = 1e-9  # relative: a structure's bound is lowered by this before it prunes (float sums)
 
 
