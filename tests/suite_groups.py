@@ -40,7 +40,7 @@ BESIDE_THE_GROUP = (
     "tests/test_architecture.py",
     "tests/runtime/test_validate.py",
 )
-#: The slowest single-process files (tens of seconds each), handed out first so that neither
+#: The slowest files outside the group (tens of seconds each), handed out first so that neither
 #: worker ends the suite alone on one of them (longest first: xdist keeps collection order).
 SLOWEST_FIRST = (
     "tests/solve/test_optimality.py",
