@@ -39,7 +39,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup`` the slowest files outside the group first (``suite_groups.SLOWEST_FIRST``):
+    """Under ``--dist loadgroup`` the slowest single-process files first (``suite_groups.SLOWEST_FIRST``):
     xdist hands out the work units in collection order, and a minute-long test handed out last
     leaves one worker running it alone. Serial runs keep pytest's order."""
     # an xdist worker runs with dist "no" and says loadgroup in an option of its own

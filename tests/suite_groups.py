@@ -22,33 +22,18 @@ STARTS_PROCESSES = (
 )
 #: pytest-xdist's group for those modules' tests: under ``-n 2 --dist loadgroup`` (the README's
 #: two-worker run, docs/benchmarks.md "Test suite") they run one after another on one worker, as
-#: without xdist, while the other worker takes the single-process tests and those of
-#: :data:`BESIDE_THE_GROUP`. Two launches at once would put 8 to 16 ranks on 2 cores, and ranks with
-#: short timeouts would then time out.
+#: without xdist, while the other worker takes the single-process tests. Two launches at once would
+#: put 8 to 16 ranks on 2 cores, and ranks with short timeouts would then time out. Six files of
+#: short runs beside the group (tried in 14ca96b) did not shorten the suite, and one of four clean
+#: runs with them lost a killed-rank test's survivor report (docs/benchmarks.md, "Test suite").
 PROCESS_GROUP = "starts-processes"
-#: Files that start processes yet may run beside the group, each test as a work unit of its own:
-#: their tests start one process at a time (a script, the CLI, a wheel build) or a short run of two
-#: ranks, and none of them bounds the wall clock tightly (their limits are minutes), so a busy core
-#: beside them makes them slower, never wrong. Off the group's worker they let the other worker
-#: share the group's load: the group ran about 490 s of the suite's 505 s while the other worker
-#: finished its tests at 355 s (docs/benchmarks.md, "Test suite").
-BESIDE_THE_GROUP = (
-    "tests/test_gpu_check.py",
-    "tests/runtime/test_hf_docs_example.py",
-    "tests/export/test_export.py",
-    "tests/export/test_torchtitan_config.py",
-    "tests/test_architecture.py",
-    "tests/runtime/test_validate.py",
-)
-#: The slowest files outside the group (tens of seconds each), handed out first so that neither
+#: The slowest single-process files (tens of seconds each), handed out first so that neither
 #: worker ends the suite alone on one of them (longest first: xdist keeps collection order).
 SLOWEST_FIRST = (
     "tests/solve/test_optimality.py",
     "tests/solve/test_planner.py",
-    "tests/test_gpu_check.py",
     "tests/calibrate/test_never_worse.py",
     "tests/calibrate/test_recover_overheads.py",
-    "tests/runtime/test_hf_docs_example.py",
 )
 
 
@@ -60,10 +45,8 @@ def _starts_processes(path: Path, cache: dict[Path, bool] = {}) -> bool:  # noqa
 
 
 def process_scope(nodeid: str) -> str:
-    """xdist's work unit for a test: the group for a test that starts processes (but those of
-    :data:`BESIDE_THE_GROUP`), else the test itself."""
-    path = nodeid.split("::", 1)[0]
-    return PROCESS_GROUP if path not in BESIDE_THE_GROUP and _starts_processes(ROOT / path) else nodeid
+    """xdist's work unit for a test: the group for a test that starts processes, else the test itself."""
+    return PROCESS_GROUP if _starts_processes(ROOT / nodeid.split("::", 1)[0]) else nodeid
 
 
 def slowest_first(nodeids: list[str]) -> list[int]:

@@ -1,14 +1,12 @@
 """``pytest -n 2 --dist loadgroup`` runs the suite on two pytest-xdist workers with every test that
-starts ranks in one group, run by one worker (tests/conftest.py, tests/suite_groups.py): two
-launches at once would share 2 cores between 8 to 16 ranks; tests that start one process at a time
-run beside it. These tests pin which files that group
+starts processes in one group, run by one worker (tests/conftest.py, tests/suite_groups.py): two
+launches at once would share 2 cores between 8 to 16 ranks. These tests pin which files that group
 holds, and the work units the conftest's scheduler hands xdist."""
 
 from __future__ import annotations
 
 import pytest
 from suite_groups import (
-    BESIDE_THE_GROUP,
     PROCESS_GROUP,
     ROOT,
     SLOWEST_FIRST,
@@ -27,6 +25,7 @@ STARTS = [
     "tests/runtime/test_zero.py",
     "tests/runtime/test_signals.py",
     "tests/export/test_deepspeed_run.py",
+    "tests/test_gpu_check.py",
 ]
 #: Single-process files, among them the slowest: they run on the other worker, beside the group.
 SINGLE = ["tests/solve/test_optimality.py", "tests/solve/test_planner.py", "tests/calibrate/test_never_worse.py"]
@@ -45,12 +44,6 @@ def test_single_process_files_are_not(path: str) -> None:
 def test_the_group_is_one_work_unit_and_every_other_test_its_own() -> None:
     assert process_scope(f"{STARTS[0]}::test_one_stage") == process_scope(f"{STARTS[-1]}::test_x[a]") == PROCESS_GROUP
     assert process_scope(f"{SINGLE[0]}::test_y[1-2]") == f"{SINGLE[0]}::test_y[1-2]"
-
-
-@pytest.mark.parametrize("path", BESIDE_THE_GROUP)
-def test_files_beside_the_group_start_processes_yet_are_units_of_their_own(path: str) -> None:
-    assert _starts_processes(ROOT / path) and (ROOT / path).is_file()
-    assert process_scope(f"{path}::test_z") == f"{path}::test_z"
 
 
 def test_the_slowest_files_come_first_and_the_rest_keep_their_order() -> None:
