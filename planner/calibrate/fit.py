@@ -120,7 +120,8 @@ class Problem:
                     built = self.model.build({self.params[j]: self.params[j].value(float(theta[j])) for j in active})
                 obs = self.observations[i]
                 sim = simulate(obs.plan, built[0], built[1], compiled=obs.compiled, memory=self._memory.get(i))
-                self._memory.setdefault(i, {a: d.memory for a, d in sim.devices.items()})
+                if i not in self._memory:
+                    self._memory[i] = {a: d.memory for a, d in sim.devices.items()}
                 if len(self._cache) >= CACHE_SIZE:
                     self._cache.clear()
                 self._cache[key] = sim
