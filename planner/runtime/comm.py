@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-__all__ = ["RankFailureError", "failure_text", "tag_of", "use_device", "wait"]
+__all__ = ["RankFailureError", "failure_text", "tag_of", "use_device", "wait", "waiting_on"]
 
 
 class RankFailureError(Exception):
@@ -34,12 +34,27 @@ def use_device(settle: Callable[[], None]) -> None:
     _settle = settle
 
 
+#: What this process is blocked on now (set by :func:`wait` while it waits, else None). A rank
+#: stopped from outside while it waits names it (:mod:`hetplan.runtime.worker`): "waiting on
+#: SA1>n0/1" tells a user where the survivors of a failed run were, where "training" does not.
+_waiting_on: str | None = None
+
+
+def waiting_on() -> str | None:
+    """The ``what`` of the :func:`wait` this process is blocked in, or None."""
+    return _waiting_on
+
+
 def wait(work: dist.Work, *, timeout_s: float, what: str) -> None:
+    global _waiting_on
+    _waiting_on = what
     try:
         work.wait(timeout=timedelta(seconds=timeout_s))
         _settle()
     except RuntimeError as exc:  # a timeout or a peer that went away
         raise RankFailureError(f"{what}: {failure_text(exc)}") from None
+    finally:
+        _waiting_on = None
 
 
 def failure_text(exc: BaseException) -> str:

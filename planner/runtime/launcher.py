@@ -555,6 +555,15 @@ def _stopped(line: str) -> bool:
     return any(f": stopped by {sig.name}" in line for sig in STOP_SIGNALS)
 
 
+def _worth_naming(line: str, *, signalled: bool) -> bool:
+    """Whether a rank's last line belongs in a failed run's message: its own failure, or, where
+    another rank's failure stopped it (not a signal to the whole job, which stops every rank alike),
+    the transfer or collective it was still blocked in (the dead peer's, as often as not)."""
+    if not line:
+        return False
+    return not _stopped(line) or (not signalled and ": waiting on " in line)
+
+
 def _agent_signal(code: int) -> int | None:
     """The stop signal that ended the agent (its exit code: -N, or 128 + N from :func:`_agent`)."""
     signum = -code if code < 0 else code - 128 if code > 128 else None
@@ -596,20 +605,25 @@ def _failure_message(
     errors = {rank: _last_error(_rank_stderr(work, rank)) for rank in range(len(addresses))}
     parts = []
     signum = _agent_signal(agent_code)
+    signalled = signum is not None
     if signum is not None:
         parts.append(f"torchrun's agent got {signal.Signals(signum).name} and stopped every rank")
     # the ranks torchrun saw fail first, those killed by a signal before those that exited
     for rank in sorted(failed, key=lambda r: (failed[r].get("exitcode", 0) >= 0, r)):
         code = failed[rank].get("exitcode")
         text = errors.get(rank, "")
-        if text and not _stopped(text):
+        if _worth_naming(text, signalled=signalled):
             parts.append(_as_rank_line(rank, addresses, text))
         elif isinstance(code, int) and code < 0:
             parts.append(f"rank {rank} ({addresses[rank]}) died ({failed[rank].get('signal') or f'signal {-code}'})")
         else:  # no error line: a crash before the worker could report (an import error, say)
             last = _lines(_rank_stderr(work, rank))
             parts.append(f"rank {rank} ({addresses[rank]}) exited with code {code}" + (f": {last[-1]}" if last else ""))
-    parts += [_as_rank_line(r, addresses, t) for r, t in errors.items() if t and r not in failed and not _stopped(t)]
+    parts += [
+        _as_rank_line(r, addresses, t)
+        for r, t in errors.items()
+        if r not in failed and _worth_naming(t, signalled=signalled)
+    ]
     if not parts:  # the agent itself failed (bad arguments, a rendezvous that never completed, ...)
         agent_lines = _lines(work / "agent.log")
         agent_line = agent_lines[-1] if agent_lines else f"exit code {agent_code}"

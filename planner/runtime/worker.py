@@ -11,7 +11,8 @@ exits with code 3.
 
 SIGTERM (torchrun's agent ends the other workers when one fails) does not end a rank at once: it
 has a few seconds to report what it was waiting on (a receive from a dead peer fails within
-milliseconds), then it ends with a line saying where it was stopped. SIGINT and SIGHUP (which
+milliseconds), then it ends with a line saying where it was stopped: the transfer or collective
+it is still blocked in, if any (its peer is often the rank that failed). SIGINT and SIGHUP (which
 torchrun's agent passes on when it receives them) do the same, so that a rank blocked in a
 collective still ends within seconds.
 """
@@ -64,14 +65,26 @@ def _stop_after_grace_on_sigterm(where: _Where) -> None:
     stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
     stops = {s for s in stops if signal.getsignal(s) is not signal.SIG_IGN}
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    # the rank's stderr as it is now: the CPU memory measurement points descriptor 2 at /dev/null
+    # for a moment (hetplan.runtime.memtrack), and a line written then would be lost
+    stderr = os.dup(2)
 
     def watch() -> None:
         got = signal.Signals(signal.sigwait(stops))
         time.sleep(TERM_GRACE_S)
-        print(f"error: {where}: stopped by {got.name} while {where.doing}", file=sys.stderr, flush=True)
+        os.write(stderr, f"error: {_stopped_line(where, got)}\n".encode(errors="replace"))
         os._exit(128 + got)
 
     threading.Thread(target=watch, name="hetplan-sigterm", daemon=True).start()
+
+
+def _stopped_line(where: _Where, got: signal.Signals) -> str:
+    """What a rank says when it is stopped from outside: the collective or transfer it is blocked
+    in, if any (:func:`hetplan.runtime.comm.waiting_on`, read without importing torch), else what
+    it was doing."""
+    comm = sys.modules.get("hetplan.runtime.comm")
+    waiting = comm.waiting_on() if comm is not None else None
+    return f"{waiting}: stopped by {got.name}" if waiting else f"{where}: stopped by {got.name} while {where.doing}"
 
 
 def _address_of(config, args: argparse.Namespace) -> str:

@@ -58,6 +58,17 @@ def _worker_pids(run: Path) -> list[int]:
     return [json.loads(p.read_text())["pid"] for p in sorted((run / "ranks").glob("rank-*.json"))]
 
 
+def _rank_logs(run: Path) -> str:
+    """Every rank's stderr and the agent's last lines: what a failed assertion should show."""
+    texts = [
+        f"{p.relative_to(run)}: {p.read_text(errors='replace')!r}"
+        for p in sorted(run.glob("torchrun/*/*/*/stderr.log"))
+    ]
+    agent = run / "agent.log"
+    tail = agent.read_text(errors="replace").splitlines()[-6:] if agent.is_file() else []
+    return "\n".join([*texts, "agent.log:", *tail])
+
+
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 
 
@@ -98,8 +109,9 @@ def test_a_killed_rank_gives_one_line_within_seconds_and_no_process_remains(tmp_
     latency = time.time() - max(first_step[0], start + 2.0)
     assert latency < 8.0, latency
     assert "\n" not in message
-    assert message.startswith("the run stopped: rank 1 (n0/1) died (SIGKILL); rank 0 (n0/0) step ")
-    assert "waiting on" in message  # the survivor's action
+    seen = _rank_logs(tmp_path / "run")  # what the ranks wrote, should the line below not hold
+    assert message.startswith("the run stopped: rank 1 (n0/1) died (SIGKILL); rank 0 (n0/0) step "), seen
+    assert "waiting on" in message, seen  # the survivor's action
     assert not [pid for pid in _worker_pids(tmp_path / "run") if _alive(pid)]
 
 
