@@ -118,10 +118,13 @@ def range_base(profile: ModelProfile, *, optimizer: str, tp: int, recompute: str
     last = held_output_bytes(profile, n, tp) if has[-1] else output[-1]  # a vocabulary-parallel head's: 1/t
     out_end = np.concatenate([[0.0], output[:-1], [last]])  # output of block j - 1, by end j
     held = saved[None, :] - saved[:, None] + out_end[None, :]
-    # workspace: the largest per-block term of the range, by a running maximum over ends
+    # the backward's peak beyond what the forward kept (simulate.memory.backward_extra): the most
+    # over the range's blocks k of work[k] + saved up to k, by a running maximum over ends, less
+    # all the range saved (the blocks after k have freed theirs when k's backward runs)
+    peak_at = np.asarray(work, dtype=float) + saved[1:]
     workspace = np.zeros((n + 1, n + 1))
     for s in range(n):
-        workspace[s, s + 1 :] = np.maximum.accumulate(work[s:])
+        workspace[s, s + 1 :] = np.maximum.accumulate(peak_at[s:]) - saved[s + 1 :]
     grad_in = np.where(j == n, 0.0, out_end[None, :])
     grad_out = np.where(i == 0, 0.0, out_end[:, None])
     during = grad_in + grad_out + workspace

@@ -197,7 +197,10 @@ class CostTables:
         held = float(saved_cum[end] - saved_cum[start]) + out_bytes
         grad_in = 0.0 if end == self.n else out_bytes
         grad_out = 0.0 if start == 0 else self.profile.blocks[start - 1].output_bytes
-        during = grad_in + grad_out + float(workspace[start:end].max())
+        # the backward's peak beyond what the forward kept (simulate.memory.backward_extra): the
+        # blocks after the one running have freed what they saved
+        extra = float((workspace[start:end] + saved_cum[start + 1 : end + 1]).max() - saved_cum[end])
+        during = grad_in + grad_out + extra
         dtype = self.profile.dtype
         mixed = dtype in MIXED_PRECISION
         sharded = zero_holders > 1  # ZeRO-1: a flat fp32 master shard and gradient buffer, any dtype

@@ -37,8 +37,8 @@ from hetplan.simulate.memory import (
 
 TOLERANCE = 0.10
 # seq 128 over hidden 64: the attention core's s² tensors are most of a layer's activations. Two
-# layers a stage: the walk prices the backward's workspace beside all of a stage's saved tensors,
-# where a real backward has freed the later blocks' by then (conservative by one block's worth)
+# layers a stage: the backward of each block runs once the later blocks have freed what they kept
+# (simulate.memory.backward_extra; benchmarks/bench_backward_workspace.py measures both stages)
 ATTENTION = {"layers": 4, "hidden": 64, "heads": 4, "seq": 128, "vocab": 256}
 ZERO_MODEL = {"family": "gpt", "config": {"layers": 2, "hidden": 128, "heads": 4, "seq": 64, "vocab": 512}}
 
