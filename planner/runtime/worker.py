@@ -72,8 +72,10 @@ def _stop_after_grace_on_sigterm(where: _Where) -> None:
     def watch() -> None:
         got = signal.Signals(signal.sigwait(stops))
         time.sleep(TERM_GRACE_S)
-        os.write(stderr, f"error: {_stopped_line(where, got)}\n".encode(errors="replace"))
-        os._exit(128 + got)
+        try:
+            os.write(stderr, f"error: {_stopped_line(where, got)}\n".encode(errors="replace"))
+        finally:  # a stderr that cannot be written (a closed pipe, a full disk) must not keep the rank
+            os._exit(128 + got)
 
     threading.Thread(target=watch, name="hetplan-sigterm", daemon=True).start()
 

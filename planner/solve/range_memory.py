@@ -9,8 +9,9 @@ for planning in a second. The peak has the form ``static + max(in_flight m held 
 buckets)``, whose four terms depend on the range, degree, recomputation and ZeRO holders but not on
 the micro-batch or the position in the pipeline, so they are built here once per option from prefix
 sums (and a running maximum for the backward workspace) with the memory walk's formulas
-(:func:`hetplan.simulate.memory.stage_terms`). tests/solve/test_range_memory.py checks every range
-against :meth:`CostTables.stage_memory`, so the two cannot drift apart silently.
+(:func:`hetplan.simulate.memory.stage_terms`). tests/solve/test_tp_search.py checks every range
+against :meth:`CostTables.stage_memory`, and tests/simulate/test_backward_workspace.py the backward's
+term against the walk's, so the three cannot drift apart silently.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from builders import make_cluster
 from hetplan.contracts import load_catalog
 from hetplan.profile.analytic import analytic_profile
 from hetplan.simulate.memory import backward_extra, stage_terms
+from hetplan.solve.range_memory import range_terms
 from hetplan.solve.tables import CostTables
 
 
@@ -25,19 +26,26 @@ def test_the_largest_backward_early_in_a_stage_is_counted_without_the_later_bloc
     assert backward_extra([], []) == 0.0
 
 
-@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-def test_the_planners_tables_price_the_walks_backward_on_every_range(recompute: str) -> None:
-    """Blocks of unequal sizes (embedding, attention, MLP, head): the tables' per-sample figure
-    during a backward equals the walk's on every range."""
+def _gpt():
     device = load_catalog().get("A100-40GB")
-    profile = analytic_profile(
-        "gpt", {"layers": 2, "hidden": 64, "heads": 4, "seq": 128, "vocab": 512}, devices=[device], micro_batches=(1,)
-    )
-    tables = CostTables(profile, make_cluster([("n0", [("A100-40GB", 1)])]), optimizer="adam")
+    config = {"layers": 2, "hidden": 64, "heads": 4, "seq": 128, "vocab": 512}
+    return analytic_profile("gpt", config, devices=[device], micro_batches=(1,))
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_planners_tables_price_the_walks_backward_on_every_range(recompute: str, tp: int) -> None:
+    """Blocks of unequal sizes (embedding, attention, MLP, head), whole and at degree 2: both of the
+    planner's per-sample figures during a backward (the tables' and the range matrices') equal the
+    walk's on every range."""
+    profile = _gpt()
+    tables = CostTables(profile, make_cluster([("n0", [("A100-40GB", 2)])]), optimizer="adam")
+    ranges = range_terms(profile, optimizer="adam", tp=tp, recompute=recompute, zero_holders=1)
     n = len(profile.blocks)
     for start in range(n):
         for end in range(start + 1, n + 1):
-            terms = stage_terms(profile, start, end, recompute=recompute)
-            during = tables._compute_terms(start, end, 1, recompute, 1)[5]
+            terms = stage_terms(profile, start, end, tp=tp, recompute=recompute)
             want = terms.grad_in + terms.grad_out + terms.workspace
-            assert during == pytest.approx(want, rel=1e-12), (start, end)
+            assert tables._compute_terms(start, end, tp, recompute, 1)[5] == pytest.approx(want, rel=1e-12)
+            assert ranges.usable[start, end]
+            assert ranges.during[start, end] == pytest.approx(want, rel=1e-12), (start, end)
