@@ -555,6 +555,10 @@ def _stopped(line: str) -> bool:
     return any(f": stopped by {sig.name}" in line for sig in STOP_SIGNALS)
 
 
+#: Survivors stopped while waiting that a failed run's line names; the rest are counted.
+NAMED_WAITING = 3
+
+
 def _worth_naming(line: str, *, signalled: bool) -> bool:
     """Whether a rank's last line belongs in a failed run's message: its own failure, or, where
     another rank's failure stopped it (not a signal to the whole job, which stops every rank alike),
@@ -608,10 +612,16 @@ def _failure_message(
     signalled = signum is not None
     if signum is not None:
         parts.append(f"torchrun's agent got {signal.Signals(signum).name} and stopped every rank")
+    # survivors stopped while still waiting: the first few by rank, then how many more (in a large
+    # job most of them wait on one another, and the line should stay readable)
+    waiting = sorted(r for r, t in errors.items() if _stopped(t) and _worth_naming(t, signalled=signalled))
+    named_waiting = set(waiting[:NAMED_WAITING])
     # the ranks torchrun saw fail first, those killed by a signal before those that exited
     for rank in sorted(failed, key=lambda r: (failed[r].get("exitcode", 0) >= 0, r)):
         code = failed[rank].get("exitcode")
         text = errors.get(rank, "")
+        if rank in waiting and rank not in named_waiting:
+            continue
         if _worth_naming(text, signalled=signalled):
             parts.append(_as_rank_line(rank, addresses, text))
         elif isinstance(code, int) and code < 0:
@@ -622,8 +632,10 @@ def _failure_message(
     parts += [
         _as_rank_line(r, addresses, t)
         for r, t in errors.items()
-        if r not in failed and _worth_naming(t, signalled=signalled)
+        if r not in failed and _worth_naming(t, signalled=signalled) and (r not in waiting or r in named_waiting)
     ]
+    if len(waiting) > NAMED_WAITING:
+        parts.append(f"{len(waiting) - NAMED_WAITING} more ranks were stopped while waiting")
     if not parts:  # the agent itself failed (bad arguments, a rendezvous that never completed, ...)
         agent_lines = _lines(work / "agent.log")
         agent_line = agent_lines[-1] if agent_lines else f"exit code {agent_code}"

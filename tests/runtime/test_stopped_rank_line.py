@@ -110,3 +110,18 @@ def test_a_survivor_blocked_on_the_dead_rank_is_named_but_not_one_stopped_in_com
     # the whole job was signalled: every rank was stopped alike, and none of them is news
     signalled = _failure_message(work, addresses, 128 + signal.SIGTERM, {1: signal.SIGKILL})
     assert "rank 0" not in signalled and signalled.startswith("the run stopped: torchrun's agent got SIGTERM")
+
+
+def test_a_large_jobs_survivors_stopped_while_waiting_are_named_a_few_then_counted(tmp_path: Path) -> None:
+    from hetplan.runtime.launcher import NAMED_WAITING
+
+    addresses = [f"n0/{r}" for r in range(8)]
+    lines = {r: f"error: rank {r} (n0/{r}) step 5: waiting on SA{r}>n0/{r + 1}: stopped by SIGTERM" for r in range(7)}
+    lines[7] = ""
+    work = _run_folder(tmp_path, lines, {"7": {"exitcode": -9, "signal": "SIGKILL", "pid": 1}})
+    message = _failure_message(work, addresses, 1)
+    first = "the run stopped: rank 7 (n0/7) died (SIGKILL); rank 0 (n0/0) step 5: waiting on"
+    assert message.startswith(first), message
+    named = [r for r in range(7) if f"rank {r} (n0/{r}) step 5" in message]
+    assert named == list(range(NAMED_WAITING))
+    assert f"; {7 - NAMED_WAITING} more ranks were stopped while waiting (rank logs: " in message
