@@ -24,8 +24,8 @@ STARTS_PROCESSES = (
 #: two-worker run, docs/benchmarks.md "Test suite") they run one after another on one worker, as
 #: without xdist, while the other worker takes the single-process tests. Two launches at once would
 #: put 8 to 16 ranks on 2 cores, and ranks with short timeouts would then time out. Six files of
-#: short runs beside the group (tried in 14ca96b) did not shorten the suite, and one of four clean
-#: runs with them lost a killed-rank test's survivor report (docs/benchmarks.md, "Test suite").
+#: short runs beside the group (tried in 14ca96b) did not shorten the suite (docs/benchmarks.md,
+#: "Test suite"; the killed-rank failure one of those runs had came back with the group whole).
 PROCESS_GROUP = "starts-processes"
 #: The slowest single-process files (tens of seconds each), handed out first so that neither
 #: worker ends the suite alone on one of them (longest first: xdist keeps collection order).

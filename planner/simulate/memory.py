@@ -216,13 +216,11 @@ def backward_extra(kept: list[float], work: list[float]) -> float:
     (``work[-1]`` at least: the last block's backward runs with everything still held). Counting
     the largest ``work`` beside all of ``kept`` instead over-stated a 3-block stage by up to one
     block's activations (9-12% of its peak at s = 2h)."""
-    total = running = 0.0
-    best = -math.inf
+    running, best = 0.0, -math.inf
     for k, w in zip(kept, work, strict=True):
         running += k
         best = max(best, running + w)
-        total = running
-    return best - total if kept else 0.0
+    return best - running if kept else 0.0
 
 
 def stage_terms(profile: ModelProfile, start: int, end: int, *, tp: int = 1, recompute: str = "none") -> StageTerms:
