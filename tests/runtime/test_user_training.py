@@ -33,6 +33,18 @@ from hetplan.runtime.optim import clip_coefficient
 from hetplan.runtime.precision import Precision
 from hetplan.runtime.reference import train_reference
 
+
+@pytest.fixture(autouse=True)
+def one_thread_as_the_ranks():
+    """The single-process references run on one thread, as each rank does (``--threads 1``): a
+    convolution's weight gradient sums in another order on two threads (3e-6 of its largest entry
+    on an AMD EPYC here), and BatchNorm on tiny maps grows that past 1e-5 in two steps."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 GPT = {"family": "gpt", "config": {"layers": 2, "hidden": 32, "heads": 2, "seq": 8, "vocab": 31}}
 SEED = 7
 
