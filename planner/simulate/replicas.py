@@ -9,6 +9,13 @@ nothing in one waits for anything in the other but the gradient groups' collecti
 every holder and are priced over every holder anyway). The simulator then builds and runs the
 tasks of one pipeline of each such class, its *representative*, and copies its figures to the rest.
 
+Pipelines whose transfers do share node interfaces (Megatron's TP 4 on nodes of 8 puts two
+pipelines' stages on every node) form a *component*: their flows divide the interfaces among
+themselves and nobody else. Two components alike pipeline by pipeline, with the same pipelines on
+the same nodes (numbered across the component), run identically by the same argument, so the
+unit of folding is the component: the last one of a class runs, and the k-th pipeline of every
+other copies the representative's k-th. A pipeline on nodes of its own is a component of one.
+
 What is exact, not approximate (``tests/simulate/test_replicas.py`` holds every field of the folded
 result against the full simulation on many plans):
 
@@ -35,6 +42,7 @@ to the central process, so their pipelines are simulated one by one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from hetplan.contracts.cluster import Cluster
 from hetplan.contracts.plan import Pipeline, Plan
@@ -74,38 +82,83 @@ def fold_replicas(plan: Plan, cluster: Cluster) -> Folding | None:
             for b in range(s.start, s.end):
                 if degree.setdefault(b, s.tensor_parallel) != s.tensor_parallel:
                     return None
-    signatures: list[tuple | None] = []
-    flow_nodes: list[set[str]] = []
-    for p in plan.pipelines:
-        signature, nodes = _signature(p, cluster)
-        signatures.append(signature)
-        flow_nodes.append(nodes)
-    # a node interface two pipelines' transfers share couples them: neither may be folded
-    users: dict[str, int] = {}
-    for nodes in flow_nodes:
-        for n in nodes:
-            users[n] = users.get(n, 0) + 1
-    classes: dict[tuple, list[int]] = {}
-    for pi, signature in enumerate(signatures):
-        if signature is not None and all(users[n] == 1 for n in flow_nodes[pi]):
-            classes.setdefault(signature, []).append(pi)
-    members = [pis for pis in classes.values() if len(pis) > 1]
-    if not members:
-        return None
+    shapes = [_signature(p, cluster) for p in plan.pipelines]
     copy_of: dict[str, str] = {}
     pipeline_copy_of: dict[int, int] = {}
     first_of: dict[int, int] = {}
     first_device: dict[str, str] = {}
-    for pis in members:
-        rep, first = pis[-1], pis[0]
-        rep_devices = plan.pipelines[rep].devices()
-        first_of[rep] = first
-        first_device.update(zip(rep_devices, plan.pipelines[first].devices(), strict=True))
-        for pi in pis[:-1]:
-            pipeline_copy_of[pi] = rep
-            copy_of.update(zip(plan.pipelines[pi].devices(), rep_devices, strict=True))
+    for components in _classes(plan, cluster, shapes):
+        rep, first = components[-1], components[0]
+        for k, rep_pi in enumerate(rep):
+            rep_devices = plan.pipelines[rep_pi].devices()
+            first_of[rep_pi] = first[k]
+            first_device.update(zip(rep_devices, plan.pipelines[first[k]].devices(), strict=True))
+            for other in components[:-1]:
+                pipeline_copy_of[other[k]] = rep_pi
+                copy_of.update(zip(plan.pipelines[other[k]].devices(), rep_devices, strict=True))
+    if not pipeline_copy_of:
+        return None
     kept = frozenset(a for p in plan.pipelines for a in p.devices() if a not in copy_of)
     return Folding(kept, copy_of, pipeline_copy_of, first_of, first_device)
+
+
+def _classes(plan: Plan, cluster: Cluster, shapes: list[tuple[tuple | None, set[str]]]) -> list[list[tuple[int, ...]]]:
+    """The groups of pipelines that run alike, each a list of two or more *components* in pipeline
+    order (a component: pipelines whose transfers share node interfaces, transitively; most are one
+    pipeline on nodes of its own), the k-th pipeline of each the counterpart of the k-th of the others.
+
+    Two components run alike when their pipelines' signatures are equal with the nodes numbered
+    across the component (which pipelines share which node), so a component's tasks interleave on its
+    interfaces exactly as its counterpart's do. Where a later component's k-th pipeline would come
+    before an earlier one's (the engine takes counterparts in pipeline order, and the last one
+    represents the class), the class is left unfolded."""
+    owner: dict[str, int] = {}
+    parent = list(range(len(plan.pipelines)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for pi, (_, nodes) in enumerate(shapes):
+        for n in sorted(nodes):
+            if n in owner:
+                a, b = root(owner[n]), root(pi)
+                parent[max(a, b)] = min(a, b)
+            else:
+                owner[n] = pi
+    components: dict[int, list[int]] = {}
+    for pi in range(len(plan.pipelines)):
+        components.setdefault(root(pi), []).append(pi)
+    classes: dict[tuple, list[tuple[int, ...]]] = {}
+    for members in components.values():
+        signature = _component_signature(plan, cluster, members, shapes)
+        if signature is not None:
+            classes.setdefault(signature, []).append(tuple(members))
+    out = []
+    for group in classes.values():
+        ordered = len(group) > 1 and all(a[k] < b[k] for a, b in pairwise(group) for k in range(len(a)))
+        if ordered:
+            out.append(group)
+    return out
+
+
+def _component_signature(
+    plan: Plan, cluster: Cluster, members: list[int], shapes: list[tuple[tuple | None, set[str]]]
+) -> tuple | None:
+    """The members' signatures in order; for a component of several pipelines, with each device's
+    node numbered across the component (None where a member has no signature)."""
+    if any(shapes[pi][0] is None for pi in members):
+        return None
+    if len(members) == 1:
+        return (shapes[members[0]][0],)
+    numbered: dict[str, int] = {}
+    layout = tuple(
+        tuple(numbered.setdefault(cluster.device(a).node, len(numbered)) for a in plan.pipelines[pi].devices())
+        for pi in members
+    )
+    return (*(shapes[pi][0] for pi in members), layout)
 
 
 def memory_copies(plan: Plan, folding: Folding | None) -> dict[str, str]:

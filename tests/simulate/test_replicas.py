@@ -330,3 +330,73 @@ def test_a_512_device_plan_runs_two_pipelines_and_names_the_full_critical_path(m
     assert folding is not None and len(folding.kept) <= 3 * per_pipeline
     assert _same(plan, profile, cluster, monkeypatch)
     assert replicas.FOLDED_SYNC_MODES == ("allreduce", "adasum", "topk")
+
+
+def _component_plan(
+    rng: random.Random, n_blocks: int, per_node: int, copies: int, n_stages: int, degrees: tuple[int, ...] = (1, 2)
+) -> Plan:
+    """``copies`` copies of one random group of pipelines that share node interfaces (as Megatron's
+    TP 4 on 8-device nodes lays two pipelines on every node of a stage), each copy on nodes of its
+    own; within the group, pipelines differ in micro-batches and recomputation."""
+    members = rng.choice((2, 2, 3))
+    tp = rng.choice(degrees) if members * 2 <= per_node else 1
+    cuts = [0, *sorted(rng.sample(range(1, n_blocks), n_stages - 1)), n_blocks]
+    micro = [tuple(rng.choice((1, 2)) for _ in range(rng.randint(1, 3))) for _ in range(members)]
+    recompute = [rng.choice(("none", "selective", "full")) for _ in range(members)]
+    pipelines = []
+    for c in range(copies):
+        for j in range(members):
+            stages = []
+            for s in range(n_stages):
+                node = c * n_stages + s  # stage s of every member on one node
+                devices = tuple(f"n{node}/{j * tp + i}" for i in range(tp))
+                stages.append(Stage(cuts[s], cuts[s + 1], devices, (1.0,), tensor_parallel=tp, recompute=recompute[j]))
+            pipelines.append(Pipeline(sum(micro[j]), micro[j], tuple(stages)))
+    plan = Plan(sum(p.batch for p in pipelines), pipelines, schedule=rng.choice(("1f1b", "gpipe")))
+    plan.zero = int(rng.random() < 0.3)
+    data = plan.to_dict() | {"inputs": {"profile": {"path": "-"}, "cluster": {"path": "-"}}}
+    return parse_plan(data, file="component plan")
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["analytic", "built-to-tie"])
+def test_groups_of_pipelines_sharing_interfaces_fold_as_one(tie: bool, monkeypatch) -> None:
+    """Pipelines whose transfers share node interfaces run as a group; copies of the group on nodes
+    of their own run alike, so the last copy is simulated and the others copy it, member by member:
+    every field equal to the full simulation's (with whole-second and zero times too, where the
+    order of events at equal times names the critical path)."""
+    times = {A100: (1.0, 2.0), V100: (2.0, 4.0)}
+    tied = make_profile(6, times=times, params=1_000_000, activation_bytes=1e6, output_bytes=1e6)
+    profile = tied if tie else _profile()
+    rng = random.Random(5)
+    folded = 0
+    for _ in range(20):
+        n_stages, copies = rng.randint(2, 3), rng.randint(2, 3)
+        cluster = _cluster([rng.choice((A100, V100)) for _ in range(n_stages)] * copies, per_node=4)
+        plan = _component_plan(rng, len(profile.blocks), 4, copies, n_stages, (1,) if tie else (1, 2))
+        folding = fold_replicas(plan, cluster)
+        assert folding is not None, plan.to_dict()
+        members = len(plan.pipelines) // copies
+        assert folding.pipeline_copy_of == {
+            c * members + j: (copies - 1) * members + j for c in range(copies - 1) for j in range(members)
+        }
+        folded += _same(plan, profile, cluster, monkeypatch)
+    assert folded == 20
+
+
+def test_groups_whose_counterparts_come_in_another_order_are_not_folded(monkeypatch) -> None:
+    """Two groups alike but for the order of their pipelines (the first group's pipelines are 0 and
+    3, the second's 1 and 2): the engine takes counterparts in pipeline order and the representative
+    must come last for every member, so they are simulated whole."""
+    profile, cluster = _profile(), _cluster([A100] * 4, per_node=2)
+    n = len(profile.blocks)
+
+    def pipe(node: int, device: int) -> Pipeline:
+        stages = (Stage(0, 4, (f"n{node}/{device}",), (1.0,)), Stage(4, n, (f"n{node + 1}/{device}",), (1.0,)))
+        return Pipeline(2, (1, 1), stages)
+
+    plan = Plan(8, [pipe(0, 0), pipe(2, 0), pipe(2, 1), pipe(0, 1)])
+    assert fold_replicas(plan, cluster) is None
+    assert not _same(plan, profile, cluster, monkeypatch)
+    ordered = Plan(8, [pipe(0, 0), pipe(0, 1), pipe(2, 0), pipe(2, 1)])
+    assert fold_replicas(ordered, cluster).pipeline_copy_of == {0: 2, 1: 3}
+    assert _same(ordered, profile, cluster, monkeypatch)
