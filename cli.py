@@ -1225,7 +1225,7 @@ def report(log_file: str, plan_file: str, as_json: bool) -> None:
       hetplan report run.jsonl plan.yaml
     """
     from hetplan.contracts.plan import load_plan
-    from hetplan.contracts.runlog import check_log_matches, load_run_log
+    from hetplan.contracts.runlog import check_log_matches, load_central_records, load_run_log
     from hetplan.views.report import report_renderables, report_rows
 
     records, loaded = load_run_log(log_file), load_plan(plan_file)
@@ -1238,7 +1238,7 @@ def report(log_file: str, plan_file: str, as_json: bool) -> None:
         emulated = plan_is_emulated(loaded, load_plan_inputs(loaded)[1])
     except HetplanError:
         pass
-    rows = report_rows(records, loaded, emulated_plan=emulated)
+    rows = report_rows(records, loaded, emulated_plan=emulated, central=load_central_records(log_file))
     if as_json:
         _print_json(rows)
     else:

@@ -24,6 +24,12 @@ next wave runs, ``own_waves``: the device's own pushed waves that version lacks,
 as the cluster states. ``nonfinite`` is present on a step whose loss (``nan``, ``inf``, ``-inf``;
 ``loss`` is then null) or, without loss scaling, gradient (``gradient``) was not finite: every rank
 skipped that step's update.
+
+**The central process** (wsp's parameter server) trains nothing and has no step lines: it writes one
+line of its own, ``{"schema", "kind": "central", "rank", "role", "peak_memory_bytes",
+"memory_measured"}``, its peak of live tensor bytes over its first clocks (host memory, measured at
+the CPU allocator). :func:`load_run_log` checks such lines and leaves them out of the step records;
+:func:`load_central_records` reads them.
 """
 
 from __future__ import annotations
@@ -43,10 +49,14 @@ from hetplan.errors import HetplanError
 
 __all__ = [
     "RUNLOG_SCHEMA",
+    "CentralRecord",
     "StepRecord",
+    "central_record",
     "check_log_matches",
     "fill_global_loss",
     "global_batch_losses",
+    "is_central",
+    "load_central_records",
     "load_run_log",
     "parse_record",
 ]
@@ -157,22 +167,80 @@ def parse_record(data: Any, *, file: str | None, line: int) -> StepRecord:
     return record
 
 
-def load_run_log(path: str | Path) -> list[StepRecord]:
-    """Read every record of a JSON-lines run log; a bad line is reported by its number."""
+@dataclass(frozen=True)
+class CentralRecord:
+    """The central process's line: its role and measured peak of live tensor bytes (host memory)."""
+
+    rank: int
+    role: str
+    peak_memory_bytes: float
+    memory_measured: str
+
+
+def central_record(rank: int, sync: str, peak: float) -> dict[str, Any]:
+    """The line the central process of ``sync`` writes (wsp: the parameter server)."""
+    return {
+        "schema": RUNLOG_SCHEMA,
+        "kind": "central",
+        "rank": rank,
+        "role": f"{sync} parameter server" if sync == "wsp" else f"{sync} central process",
+        "peak_memory_bytes": peak,
+        "memory_measured": "cpu allocator profile",
+    }
+
+
+def is_central(data: Mapping[str, Any]) -> bool:
+    """Whether a run-log line (a dict) is the central process's, not a step's."""
+    return isinstance(data, Mapping) and data.get("kind") == "central"
+
+
+def _parse_central(data: Any, *, file: str | None, line: int) -> CentralRecord:
+    f = Fields(data, file=file, path=f"line {line}")
+    schema = f.str("schema")
+    if schema != RUNLOG_SCHEMA:
+        raise f.error(f"expected schema {RUNLOG_SCHEMA}, got {schema!r}", "schema")
+    f.str("kind", choices=("central",))
+    record = CentralRecord(
+        rank=f.integer("rank", minimum=0),
+        role=f.str("role"),
+        peak_memory_bytes=f.number("peak_memory_bytes", minimum=0.0),
+        memory_measured=f.str("memory_measured"),
+    )
+    f.done()
+    return record
+
+
+def _lines(path: str | Path) -> Iterable[tuple[int, Any]]:
+    """(line number, JSON value) of every non-empty line; a line that is not JSON says so."""
     name = str(path)
     text = read_text(path, kind="a JSON-lines run log", what="JSON lines")
-    records = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
+            yield number, json.loads(line)
         except json.JSONDecodeError as exc:
             raise HetplanError(
                 f"not JSON: {exc.msg} at column {exc.colno}", file=name, field=f"line {number}"
             ) from None
         except RecursionError:
             raise HetplanError("JSON nested too deeply to read", file=name, field=f"line {number}") from None
+
+
+def load_central_records(path: str | Path) -> list[CentralRecord]:
+    """The central process's lines of a run log (none for the modes without one)."""
+    return [_parse_central(data, file=str(path), line=n) for n, data in _lines(path) if is_central(data)]
+
+
+def load_run_log(path: str | Path) -> list[StepRecord]:
+    """Read every step record of a JSON-lines run log (the central process's line is checked and
+    left out: :func:`load_central_records`); a bad line is reported by its number."""
+    name = str(path)
+    records = []
+    for number, data in _lines(path):
+        if is_central(data):
+            _parse_central(data, file=name, line=number)
+            continue
         records.append(parse_record(data, file=name, line=number))
     if not records:
         raise HetplanError("empty run log", file=name)

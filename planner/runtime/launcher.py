@@ -53,11 +53,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetplan.contracts.rank_config import RankConfig, load_rank_config
-from hetplan.contracts.runlog import fill_global_loss
+from hetplan.contracts.runlog import fill_global_loss, is_central
 from hetplan.errors import HetplanError
 from hetplan.runtime.processes.agent_start import ForkedAgent, start_agent
 from hetplan.runtime.processes.interrupt import STOP_SIGNALS, InterruptedRunError, StopSignals
@@ -108,6 +108,7 @@ class LaunchResult:
     records: list[dict]
     wall_s: float
     log: Path | None
+    central: list[dict] = field(default_factory=list)  # the central process's line (wsp), apart from the steps
 
 
 def launch_local(
@@ -334,20 +335,22 @@ class LocalRun:
         """Every rank's records, sorted by step and rank, written to ``log`` if given; the run folder
         is removed unless it was asked for or ``keep`` (a failed run: its rank logs are where to look)."""
         records = []
-        for rank in range(self.world):
+        for rank in range(len(self.addresses)):  # the central process's line too (wsp)
             path = self.work / f"rank-{rank}.jsonl"
             if path.is_file():
                 records += [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        central = [r for r in records if is_central(r)]  # wsp's parameter server: no steps, its memory
+        records = [r for r in records if not is_central(r)]
         records.sort(key=lambda r: (r["step"], r["rank"]))
         # wsp, sdpipe: each rank logged its pipeline's loss; every line gets the global batch's
         records = fill_global_loss(records, global_batch=self.watcher.global_batch)
         target = Path(log) if log else None
         if target:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+            target.write_text("".join(json.dumps(r) + "\n" for r in records + central), encoding="utf-8")
         if not self.keep_run_dir and not keep:
             shutil.rmtree(self.work, ignore_errors=True)
-        return LaunchResult(records=records, wall_s=time.time() - self.start, log=target)
+        return LaunchResult(records=records, wall_s=time.time() - self.start, log=target, central=central)
 
 
 # -- the command --------------------------------------------------------------------------------------

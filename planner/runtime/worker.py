@@ -139,7 +139,7 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     import torch.distributed as dist
 
     from hetplan.contracts.rank_config import load_rank_config
-    from hetplan.contracts.runlog import RUNLOG_SCHEMA
+    from hetplan.contracts.runlog import RUNLOG_SCHEMA, central_record
     from hetplan.errors import HetplanError
     from hetplan.runtime.checkpoint import load_checkpoint
     from hetplan.runtime.comm import RankFailureError
@@ -221,9 +221,12 @@ def run(args: argparse.Namespace, where: _Where) -> None:
                 info={**_checkpoint_info(config, compiled, rank_of), "loss_scale": {"scale": 1.0, "good_steps": 0}},
             )
         try:
-            run_central(config, compiled, rank_of, checkpoints)
+            peak = run_central(config, compiled, rank_of, checkpoints)
         except HetplanError as exc:
             raise RankFailureError(f"{where}: {exc}") from None
+        if peak is not None and args.log:
+            with open(args.log.replace("{rank}", str(rank)), "a", encoding="utf-8") as log:
+                log.write(json.dumps(central_record(rank, config.plan.sync, peak)) + "\n")
         dist.destroy_process_group()
         return
     programs = {a: p.actions for a, p in compiled.programs.items()}

@@ -48,6 +48,7 @@ from hetplan.errors import HetplanError
 from hetplan.schedule.actions import Kind
 from hetplan.schedule.boundary import piece
 from hetplan.schedule.compile import CompiledPlan, GradGroup, Transfer, compile_plan, gc_paused, with_shared_groups
+from hetplan.simulate.central import CentralMemory, central_memory
 from hetplan.simulate.costs import CostModel, shared_cost_model
 from hetplan.simulate.engine import Engine
 from hetplan.simulate.memory import MemoryUse, plan_memory, static_stage_bytes
@@ -127,6 +128,7 @@ class SimResult:
     bottleneck: str
     timeline: list[tuple[str, str, float, float, str]] = field(default_factory=list)  # row, kind, start, end, label
     n_tasks: int = 0
+    central: CentralMemory | None = None  # wsp: the parameter server's host memory (simulate.central)
 
     @property
     def samples_per_s(self) -> float:
@@ -158,10 +160,12 @@ class SimResult:
                 }
                 for a, d in self.devices.items()
             },
+            **({"central": self.central.to_dict()} if self.central is not None else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({"central": self.central.to_dict()} if self.central is not None else {}),
             "iteration_s": self.iteration_s,
             "samples_per_s": self.samples_per_s,
             "bubble_fraction": self.bubble_fraction,
@@ -1003,6 +1007,7 @@ def _simulate(
         bottleneck=path[0][0] if path else "",
         timeline=_timeline_rows(engine, compiled) if timeline else [],
         n_tasks=n_tasks,
+        central=central_memory(plan, profile, cluster, optimizer=plan.optimizer),
     )
 
 

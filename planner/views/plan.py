@@ -18,6 +18,7 @@ from hetplan.contracts.plan import Pipeline, Plan, Stage
 from hetplan.errors import HetplanError
 from hetplan.profile.trust import Band, time_band
 from hetplan.units import format_bytes, format_time
+from hetplan.views.simulation import central_line
 from hetplan.views.whatif import usd
 
 __all__ = ["compare_table", "micro_batch_runs", "plan_band", "plan_summary_renderables", "sync_table", "with_bands"]
@@ -99,6 +100,9 @@ def plan_summary_renderables(plan: Plan, cluster: Cluster, profile: ModelProfile
         out.append(line)
         if cluster.price_per_hour is not None:
             out.append(Text(cost_line(predicted["iteration_s"], plan.global_batch, cluster.price_per_hour)))
+        line = central_line(predicted.get("central"))
+        if line:
+            out.append(Text(line))
     details = plan.details or {}
     if "lower_bound_s" in details:
         out.append(

@@ -7,14 +7,14 @@ launch summary and ``hetplan report`` give one median for one run.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
 from hetplan.contracts.plan import Plan
-from hetplan.contracts.runlog import StepRecord
+from hetplan.contracts.runlog import CentralRecord, StepRecord
 from hetplan.units import format_bytes, format_time
 
 __all__ = ["WARMUP_STEPS", "median_iteration", "report_renderables", "report_rows"]
@@ -42,9 +42,15 @@ def median_iteration(steps_and_times: Iterable[tuple[int, float]], *, skip_steps
 
 
 def report_rows(
-    records: list[StepRecord], plan: Plan, *, skip_steps: int = WARMUP_STEPS, emulated_plan: bool = False
+    records: list[StepRecord],
+    plan: Plan,
+    *,
+    skip_steps: int = WARMUP_STEPS,
+    emulated_plan: bool = False,
+    central: Sequence[CentralRecord] = (),
 ) -> dict[str, Any]:
-    """Per stage and in total: measured (median over steps after the warm-up ones) vs predicted."""
+    """Per stage and in total: measured (median over steps after the warm-up ones) vs predicted;
+    ``central``: the run log's central-process line (wsp's parameter server), a memory row of its own."""
     steps = sorted({r.step for r in records})
     kept = [r for r in records if r.step >= steps[min(skip_steps, len(steps) - 1)]]
     predicted = plan.predicted or {}
@@ -73,7 +79,7 @@ def report_rows(
     want_iter = predicted.get("iteration_s")
     losses = [r.loss for r in records if r.loss is not None and r.rank == 0]
     return {
-        "memory": _memory_rows(records, predicted.get("memory", {})),
+        "memory": _memory_rows(records, predicted.get("memory", {})) + _central_rows(central, predicted.get("central")),
         "steps": len(steps),
         "skipped_warmup_steps": min(skip_steps, len(steps) - 1),
         "measured_iteration_s": measured_iter,
@@ -119,6 +125,22 @@ def _memory_rows(records: list[StepRecord], predicted: dict[str, Any]) -> list[d
             }
         )
     return rows
+
+
+def _central_rows(central: Sequence[CentralRecord], predicted: Any) -> list[dict[str, Any]]:
+    """The central process's measured peak (host memory) beside ``predicted.central``'s tensors."""
+    want = predicted.get("tensor_bytes") if isinstance(predicted, dict) else None
+    return [
+        {
+            "rank": c.rank,
+            "device": f"{c.role} (host)",
+            "peak_memory_bytes": c.peak_memory_bytes,
+            "predicted_peak_memory_bytes": want,
+            "error": (c.peak_memory_bytes / want - 1) if want else None,
+            "measured_by": c.memory_measured,
+        }
+        for c in central
+    ]
 
 
 def report_renderables(rows: dict[str, Any]) -> list[Any]:

@@ -10,7 +10,23 @@ from rich.text import Text
 from hetplan.simulate.simulator import SimResult
 from hetplan.units import format_bytes, format_time
 
-__all__ = ["simulation_renderables"]
+__all__ = ["central_line", "simulation_renderables"]
+
+
+_CENTRAL_KEYS = ("role", "node", "tensor_bytes", "weights_bytes", "optimizer_bytes", "open_clocks", "clock_sums_bytes")
+
+
+def central_line(central: Any) -> str:
+    """The parameter server's host memory (a plan file's ``predicted.central``) in one line; empty
+    where there is none (or a hand-edited entry lacks a figure)."""
+    if not isinstance(central, dict) or any(k not in central for k in _CENTRAL_KEYS):
+        return ""
+    return (
+        f"{central['role']} on {central['node']} (host memory, no device): "
+        f"{format_bytes(central['tensor_bytes'])} of tensors (weights {format_bytes(central['weights_bytes'])}, "
+        f"optimizer {format_bytes(central['optimizer_bytes'])}, {central['open_clocks']} open clock sum(s) "
+        f"{format_bytes(central['clock_sums_bytes'])}), beside the interpreter's own"
+    )
 
 
 def simulation_renderables(result: SimResult, *, emulated: bool = False) -> list[Any]:
@@ -55,6 +71,8 @@ def simulation_renderables(result: SimResult, *, emulated: bool = False) -> list
             fits,
         )
     out.append(devices)
+    if result.central is not None:
+        out.append(Text(central_line(result.central.to_dict())))
 
     stages = Table(title="Stages (per iteration, slowest replica)", title_justify="left")
     for col in ("pipe/stage", "blocks", "devices"):

@@ -253,3 +253,36 @@ def test_each_sync_modes_buffers_match_the_run(tmp_path, sync_profile, case: str
     pipelines = [Pipeline(4, (2, 2), (_stage(0, 3, f"n0/{2 * p}"), _stage(3, 6, f"n0/{2 * p + 1}"))) for p in range(2)]
     plan = Plan(8, pipelines, **SYNC_CASES[case])
     _assert_close(_run(tmp_path, sync_profile, plan), case)
+
+
+# -- WSP's parameter server: host memory of the process that holds no device ---------------------------
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "momentum", "sgd"])
+def test_the_parameter_servers_memory_matches_the_run(tmp_path, sync_profile, optimizer: str) -> None:
+    """The server's line in the run log (its allocator peak over its first clocks) against
+    ``simulate.central``: fp32 weights, the optimizer's state, one dense sum per open clock and the
+    larger of a message and the step's temporaries. The two pipelines are cut differently, so their
+    pushes overlap in part (each clock's sum is still one buffer of the whole model)."""
+    from hetplan.contracts.runlog import load_central_records
+    from hetplan.simulate.central import central_memory
+
+    pipelines = [
+        Pipeline(4, (2, 2), (_stage(0, 2, "n0/0"), _stage(2, 6, "n0/1"))),
+        Pipeline(4, (2, 2), (_stage(0, 4, "n0/2"), _stage(4, 6, "n0/3"))),
+    ]
+    plan = Plan(8, pipelines, optimizer=optimizer, sync="wsp", sync_options={"staleness": 0, "wave": 1})
+    cluster = make_cluster([("n0", [("cpu", 4)])])
+    write_yaml(build_rank_config(plan, sync_profile, cluster, seed=0, backend="gloo"), tmp_path / "rank-config.yaml")
+    result = launch_local(tmp_path / "rank-config.yaml", steps=3, log=tmp_path / "run.jsonl")
+    [line] = result.central
+    [record] = load_central_records(tmp_path / "run.jsonl")
+    assert record.peak_memory_bytes == line["peak_memory_bytes"] and record.role == "wsp parameter server"
+    want = central_memory(plan, sync_profile, cluster, optimizer=optimizer)
+    assert want is not None and want.open_clocks == 1
+    peak = record.peak_memory_bytes
+    assert abs(peak / want.tensor_bytes - 1.0) <= TOLERANCE, f"{optimizer}: measured {peak:.0f} predicted {want}"
+    # without the optimizer state or the clock's sum the prediction would be out of the tolerance
+    if optimizer != "sgd":
+        assert peak / (want.tensor_bytes - want.optimizer) - 1.0 > TOLERANCE
+    assert peak / (want.tensor_bytes - want.clock_sums) - 1.0 > TOLERANCE

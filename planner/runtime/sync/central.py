@@ -31,6 +31,7 @@ from hetplan.contracts.rank_config import RankConfig
 from hetplan.models import resolve_model
 from hetplan.runtime.checkpoint import checkpoint_state, load_checkpoint, save_checkpoint
 from hetplan.runtime.device.pacing import CENTRAL  # the address the extra rank takes in place of a device's
+from hetplan.runtime.memtrack import measure_peak
 from hetplan.runtime.optim import clip_coefficient
 from hetplan.runtime.parallel.tensor_parallel import tensor_parallel_group
 from hetplan.runtime.precision import Precision
@@ -133,8 +134,13 @@ def run_central(
     compiled: CompiledPlan,
     rank_of: dict[str, int],
     checkpoints: CentralCheckpoints | None = None,
-) -> None:
-    """Create the job's process groups as every rank does, then serve until every device stops."""
+) -> float | None:
+    """Create the job's process groups as every rank does, then serve until every device stops.
+
+    Returns the parameter server's peak of live tensor bytes over its first ``staleness + 2`` clocks
+    (the optimizer state is made at the first step; by then as many clocks as the bound allows may
+    be open), measured at the CPU allocator as a device's step is (:func:`measure_peak`); None for
+    sdpipe's scheduler, which holds no tensors."""
     tensor_parallel_group(config.plan, rank_of, CENTRAL)  # none for these modes; the order stays the ranks'
     gradient_process_groups(compiled, rank_of)
     mode_groups(config.plan, compiled, rank_of)
@@ -146,7 +152,7 @@ def run_central(
             for pi in range(len(plan.pipelines))
         }
         GroupScheduler(pipelines, group_size=int(plan.sync_option("group_size"))).serve()
-        return
+        return None
     zoo = resolve_model(config.model)
     blocks = dict(enumerate(build_rank_blocks(zoo, 0, config.n_blocks, config.seed, init_from=config.init_from)))
     names = param_names(zoo, blocks)
@@ -191,7 +197,13 @@ def run_central(
     server = ParamServer(
         params, layouts, optimizer=optimizer, before_step=before_step, version=version, checkpoints=saves
     )
+    window = version + int(plan.sync_option("staleness")) + 2
+    state = [t for entry in optimizer.state.values() for t in entry.values() if torch.is_tensor(t)]  # a resume's
+    peak, _ = measure_peak(
+        lambda: server.serve(until_version=window), held=list(params.values()) + state, device=torch.device("cpu")
+    )
     server.serve()
+    return peak
 
 
 def _save_server(

@@ -116,21 +116,30 @@ class ParamServer:
         self.checkpoints = dict(checkpoints or {})
         self._answered_after: dict[int, int] = {}  # rank -> the latest clock it had pushed when last answered
         self.log = ServerLog()
-        self._sums: dict[int, dict[str, torch.Tensor]] = {}
+        # per open clock, one dense fp32 buffer of every parameter (``_offsets``): a fixed 4 bytes a
+        # parameter per open clock, whichever devices' payloads overlap (what the walk prices)
+        self._sums: dict[int, torch.Tensor] = {}
+        self._offsets: dict[str, int] = {}
+        self._elements = 0
+        for name, p in self.params.items():
+            self._offsets[name] = self._elements
+            self._elements += p.numel()
         self._pushed: dict[int, set[int]] = {}
         self._latest_push: dict[int, int] = {}
         self._waiting: list[tuple[int, int]] = []  # (rank, min_version)
         self._overflowed: set[int] = set()  # clocks a push of which overflowed (fp16)
         self._total = sum(self._numel(r) for r in self.layouts)
+        self._held = {name for names in self.layouts.values() for name in names}
+        self._running = set(self.layouts)  # workers that have not sent STOP
 
     def _numel(self, rank: int) -> int:
         return sum(self.params[n].numel() for n in self.layouts[rank])
 
-    def serve(self) -> None:
-        """Answer pushes and pulls until every worker has sent STOP."""
-        running = set(self.layouts)
+    def serve(self, *, until_version: int | None = None) -> None:
+        """Answer pushes and pulls until every worker has sent STOP (or, with ``until_version``,
+        until the server holds that version: a later call goes on where this one stopped)."""
         header = torch.zeros(HEADER, dtype=torch.int64)
-        while running:
+        while self._running and (until_version is None or self.version < until_version):
             src = dist.recv(header, src=None, tag=TAG)
             kind, value, rank = int(header[0]), int(header[1]), int(header[2])
             if rank not in self.layouts or src != rank:
@@ -139,33 +148,33 @@ class ParamServer:
                 payload = torch.empty(self._numel(rank), dtype=torch.float32)
                 dist.recv(payload, src=src, tag=TAG)
                 self._add(rank, value, payload)
+                del payload  # added into the clock's buffer: not beside the optimizer's step
                 if int(header[4]):
                     self._overflowed.add(value)
                 self._advance()
             elif kind == PULL:
                 self._waiting.append((rank, value))
             elif kind == STOP:
-                running.discard(rank)
+                self._running.discard(rank)
             else:
                 raise RuntimeError(f"parameter server: unknown message kind {kind} from rank {rank}")
             self._answer()
             self._checkpoint()
-        if self._waiting:
+        if not self._running and self._waiting:
             raise RuntimeError(f"parameter server: pulls left unanswered at stop: {self._waiting}")
 
     def _add(self, rank: int, clock: int, flat: torch.Tensor) -> None:
         if clock < self.version:
             raise RuntimeError(f"parameter server: rank {rank} pushed clock {clock}, already stepped past it")
-        sums = self._sums.setdefault(clock, {})
+        total = self._sums.get(clock)
+        if total is None:
+            total = self._sums[clock] = torch.zeros(self._elements, dtype=torch.float32)
         offset = 0
         for name in self.layouts[rank]:
             n = self.params[name].numel()
-            part = flat[offset : offset + n].view_as(self.params[name])
+            at = self._offsets[name]
+            total[at : at + n].add_(flat[offset : offset + n])
             offset += n
-            if name in sums:
-                sums[name] += part
-            else:  # the payload was received for this push alone: its views are the sum, no copy
-                sums[name] = part
         self._pushed.setdefault(clock, set()).add(rank)
         self._latest_push[rank] = clock
         self.log.pushes.append((rank, clock))
@@ -173,17 +182,21 @@ class ParamServer:
     def _advance(self) -> None:
         """Step every clock that is complete, in clock order."""
         while self._pushed.get(self.version, set()) == set(self.layouts):
-            sums = self._sums.pop(self.version)
+            total = self._sums.pop(self.version)
             del self._pushed[self.version]
             if self.version in self._overflowed:  # skipped everywhere: no worker's update of it counts
                 self._overflowed.discard(self.version)
                 self.log.skipped.append(self.version)
                 self.version += 1
                 continue
-            grads = [sums[name] for name in self.params if name in sums]
-            factor = self.before_step(grads) if self.before_step else 1.0
+            sums = {
+                name: total[self._offsets[name] : self._offsets[name] + p.numel()].view_as(p)
+                for name, p in self.params.items()
+                if name in self._held
+            }
+            factor = self.before_step(list(sums.values())) if self.before_step else 1.0
             for name, p in self.params.items():
-                p.grad = sums[name].mul_(factor) if name in sums else None  # the clock's own buffer
+                p.grad = sums[name].mul_(factor) if name in sums else None  # views of the clock's own buffer
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.log.steps.append(self.version)
