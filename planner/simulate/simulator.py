@@ -890,8 +890,8 @@ def _simulate(
     the plan's memory walk where the caller has it. Pipelines that run alike are run once
     (:mod:`hetplan.simulate.replicas`; ``folding``: ``fold_replicas(plan, cluster)`` where the
     caller has it), except for a timeline, which draws every task."""
-    _check_degrees(plan, profile, cluster)
     profile = whole_vocab_profile(plan, profile)  # vocab_parallel: false stages hold the vocabulary whole
+    _check_degrees(plan, profile, cluster)  # (a block kept whole needs no figures at the degree)
     if timeline:
         folding = None
     elif isinstance(folding, str):

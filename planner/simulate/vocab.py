@@ -38,7 +38,9 @@ def whole_vocab_profile(plan: Plan, profile: ModelProfile) -> ModelProfile:
             if s.tensor_parallel > 1 and not s.vocab_parallel:
                 for b in range(s.start, min(s.end, len(profile.blocks))):
                     block = profile.blocks[b]
-                    if block.kind in VOCABULARY_KINDS and s.tensor_parallel in block.tensor_parallel:
+                    # kept whole, the block needs no figures at the degree (a profile may have none:
+                    # an importer's that kept the vocabulary whole)
+                    if block.kind in VOCABULARY_KINDS:
                         whole[b] = s.tensor_parallel
     if not whole:
         return profile

@@ -51,7 +51,16 @@ def test_every_degree_of_the_real_file_is_imported_exactly(model: str) -> None:
                 checked += 1
     expected = sum(1 for name in names.values() for by_tp in raw[name].values() for k in by_tp if k != "1")
     assert checked == expected  # every (GPU, micro-batch) at every degree >= 2, nothing else
-    assert profile.tp_degrees(0) == (1,) and profile.tp_degrees(len(profile.blocks) - 1) == (1,)
+    # the embedding and the head: vocabulary-parallel at every degree, the file's first and last rows
+    last = len(profile.blocks) - 1
+    assert profile.tp_degrees(0) == profile.tp_degrees(last) == profile.tp_degrees(layer)
+    for row in (0, last):
+        for t in sorted(degrees - {1}):
+            shard = profile.blocks[row].tensor_parallel[t]
+            assert shard.allreduce_in_time
+            for device, by_mb in shard.times.items():
+                for m, timing in by_mb.items():
+                    assert (timing.fwd, timing.bwd) == tuple(raw[names[device]][str(m)][str(t)][str(row)][:2])
 
 
 @needs_shared
@@ -65,6 +74,15 @@ def test_opt350_layer_sizes_per_degree() -> None:
         assert shard.activation_bytes == pytest.approx(s * h * (10 + 24 / t + 5 * a * s / (h * t)))
         assert shard.selective_bytes == pytest.approx(5 * a * s * s / t)
         assert shard.allreduce_bytes == 2 * 2 * s * h
+    # the embedding and head: each member ceil(V/t) rows of the vocabulary (the 2048 positions whole)
+    v = 50272
+    for t in (2, 4, 8):
+        rows = -(-v // t)
+        assert profile.shard(0, t).params == rows * h + s * h
+        assert profile.shard(25, t).params == rows * h + 2 * h  # OPT-350 has no final-norm block
+        assert profile.shard(25, t).activation_bytes == pytest.approx(4 * s * h + 4 * s * rows)
+        assert profile.shard(0, t).allreduce_bytes == s * h and profile.shard(25, t).allreduce_bytes == s * h + 6 * s
+    assert profile.shard(25, 8).params < profile.shard(25, 1).params / 7
     # the V100 has degree 8 times, the A100-40 not: a degree is offered per type
     catalog = load_catalog()
     assert profile.tp_degrees(1, catalog.get("V100-16GB")) == (1, 2, 4, 8)
@@ -88,5 +106,33 @@ def test_fixture_degrees_and_the_single_degree_form() -> None:
     raw = json.loads(path.read_text())["Tiny-GPT"]
     assert two.times["A100-40GB"][1].fwd == raw["A100-40"]["1"]["2"]["1"][0]
     assert set(two.times) == {"A100-40GB", "V100-16GB"} and list(two.times["V100-16GB"]) == [4]
+    assert profile.tp_degrees(0) == profile.tp_degrees(len(profile.blocks) - 1) == (1, 2)
     single = import_sailor(path, model="Tiny-GPT", gpu_types=["A100-40", "V100-16"], tensor_parallel=1)
     assert all(b.tensor_parallel == {} for b in single.blocks) and single.source["tensor_parallel"] == 1
+
+
+@needs_shared
+@pytest.mark.parametrize("vocab_parallel", [True, False])
+def test_a_tensor_parallel_plan_over_the_whole_model_simulates(vocab_parallel: bool) -> None:
+    """Megatron-DeepSpeed's layout, which Sailor's runs had: every stage at TP 2, the first holding
+    the embedding and the last the head. It used to be refused (the embedding had no degree 2);
+    kept whole (``vocab_parallel: false``) the head's stage holds the whole table and logits."""
+    from builders import make_cluster
+
+    from hetplan.contracts.plan import Pipeline, Plan, Stage
+    from hetplan.simulate import simulate
+
+    profile = import_sailor(SAILOR, model="OPT-350", gpu_types=["RTX-3090"])
+    cluster = make_cluster([("n0", [("RTX-3090", 4)])], intra="32GB/s")
+    stages = (
+        Stage(0, 13, ("n0/0", "n0/1"), (1.0,), tensor_parallel=2, vocab_parallel=vocab_parallel),
+        Stage(13, 26, ("n0/2", "n0/3"), (1.0,), tensor_parallel=2, vocab_parallel=vocab_parallel),
+    )
+    sim = simulate(Plan(8, [Pipeline(8, (1,) * 8, stages)]), profile, cluster)
+    head = sim.devices["n0/2"].memory
+    if vocab_parallel:
+        assert head.weights == pytest.approx(2 * sum(profile.shard(b, 2).params for b in range(13, 26)))
+    else:
+        assert head.weights == pytest.approx(
+            2 * (sum(profile.shard(b, 2).params for b in range(13, 25)) + profile.blocks[25].params)
+        )

@@ -20,8 +20,9 @@ selective bytes 5·a·s²/t and all-reduce bytes 2·(2·s·h) (the attention's a
 measured each degree by running Megatron-DeepSpeed layers at that degree on one machine
 (Sailor's docs/PROFILING.md), so its times include the layers' all-reduces on that machine's link:
 the data says ``allreduce_in_time: true`` and the cost model does not add them again. The
-embedding and the head stay whole (degree 1 only: the file's vocabulary-parallel times are not
-what the runtime runs). A GPU type with no degree-1 times appears only in the degrees it has.
+embedding and the head get every degree as well, vocabulary-parallel (:func:`_vocab_at`: the file's
+first and last rows at that degree, which Megatron-DeepSpeed ran vocabulary-parallel, as hetplan's
+runtime cuts them). A GPU type with no degree-1 times appears only in the degrees it has.
 ``tensor_parallel=t`` keeps the former behaviour: degree t's times alone, as the base.
 """
 
@@ -194,6 +195,38 @@ def _layer_at(config: _Config, tp: int, times: dict[str, dict[int, list[list[flo
     )
 
 
+def _vocab_at(
+    config: _Config, kind: str, tp: int, times: dict[str, dict[int, list[list[float]]]], row: int, *, final_norm: bool
+) -> TensorParallel:
+    """The embedding or the head at degree ``tp``, per device, vocabulary-parallel as Megatron-DeepSpeed
+    ran them when Sailor timed them (and as hetplan's runtime cuts them, :mod:`hetplan.models.gpt_tp`):
+    ``n = ceil(V/t)`` rows of the token table (the positions whole) or of the head, the loss's fp32
+    softmax over the member's ``n`` logits; the embedding's output all-reduce (forward) and the head's
+    input-gradient all-reduce (backward) and loss statistics (forward), one pass each, so half of
+    them per pass (the cost model prices ``allreduce_bytes`` in both), already in the file's times."""
+    h, s = config.hidden, config.seq
+    rows = -(-config.vocab // tp)
+    if kind == "embedding":
+        params = rows * h + config.positions * h
+        activation = float(s * h)  # the dropout mask, as the whole block's
+        allreduce = FP16_BYTES * s * h / 2.0
+    else:
+        params = rows * h + (0 if final_norm else 2 * h)
+        activation = 4.0 * s * h * (1.0 + rows / h)
+        allreduce = (FP16_BYTES * s * h + 3 * s * 4) / 2.0
+    return TensorParallel(
+        params=params,
+        param_bytes=float(params * FP16_BYTES),
+        activation_bytes=activation,
+        allreduce_bytes=allreduce,
+        allreduce_in_time=True,
+        times={
+            device: {mb: Timing(fwd=rows_[row][0], bwd=rows_[row][1], source="imported") for mb, rows_ in by_mb.items()}
+            for device, by_mb in times.items()
+        },
+    )
+
+
 def _file_degrees(by_gpu: dict[str, Any], chosen: dict[str, str]) -> list[int]:
     """Every tensor-parallel degree >= 2 the chosen GPU types have at some micro-batch size."""
     found: set[int] = set()
@@ -349,12 +382,27 @@ def _blocks(
                     for device, by_mb in times.items()
                 },
                 selective_bytes=5.0 * config.heads * config.seq * config.seq if kind == "transformer" else 0.0,
-                tensor_parallel={t: _layer_at(config, t, at, i) for t, at in (by_degree or {}).items()}
-                if kind == "transformer"
-                else {},
+                tensor_parallel=_degrees_of(kind, config, by_degree or {}, i, final_norm="final_norm" in kinds),
             )
         )
     return blocks
+
+
+def _degrees_of(
+    kind: str,
+    config: _Config,
+    by_degree: dict[int, dict[str, dict[int, list[list[float]]]]],
+    row: int,
+    *,
+    final_norm: bool,
+) -> dict[int, TensorParallel]:
+    """A block's per-degree data: a transformer layer's Megatron split, the embedding's and head's
+    vocabulary-parallel cut; a final norm has none (it stays with the layers' degree-1 figures)."""
+    if kind == "transformer":
+        return {t: _layer_at(config, t, at, row) for t, at in by_degree.items()}
+    if kind in ("embedding", "head"):
+        return {t: _vocab_at(config, kind, t, at, row, final_norm=final_norm) for t, at in by_degree.items()}
+    return {}
 
 
 def _update_times(times: dict[str, dict[int, list[list[float]]]]) -> dict[str, dict[int, Any]]:
