@@ -83,7 +83,8 @@ def block_costs(
     """Per-block (forward, backward) seconds of one member of a degree-``tp`` replica running
     ``samples`` samples: compute at the degree, the blocks' all-reduces over ``link`` (the node's
     own link; required for ``tp`` >= 2), and what ``recompute`` adds to each backward. The one
-    formula the simulator and the search's tables share. Blocks without the degree raise."""
+    formula the simulator and the search's tables share. Blocks without the degree (or without
+    times for the type at it) are NaN."""
     if recompute not in RECOMPUTE:
         raise HetplanError(f"unknown recompute {recompute!r}; expected one of {', '.join(RECOMPUTE)}")
     if tp > 1 and link is None:
@@ -91,7 +92,9 @@ def block_costs(
     fwd: list[float] = []
     bwd: list[float] = []
     for i in range(len(profile.blocks)):
-        if tp > 1 and tp not in profile.blocks[i].tensor_parallel:
+        # a block without the degree, or without times for this type at it, is NaN: the search
+        # leaves ranges holding it out (partition.has_degree); the simulator's check refuses it
+        if tp > 1 and (tp not in profile.blocks[i].tensor_parallel or tp not in profile.tp_degrees(i, device_type)):
             fwd.append(math.nan)
             bwd.append(math.nan)
             continue

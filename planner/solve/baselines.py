@@ -150,13 +150,17 @@ def _homogeneous_inputs(profile: ModelProfile, cluster: Cluster, mode: str) -> t
     memory = min(t.memory for t in types)
     blocks = []
     for i, b in enumerate(profile.blocks):
-        if mode == "average":  # at degree 1 and at every TP degree all the types have times for
+        # only the TP degrees every type has times for: the plan runs on the real devices after
+        common = _common_degrees(profile, i, types)
+        if mode == "average":  # at degree 1 and at every such degree, the types' times averaged
             parallel = {
                 t: replace(data, times={**data.times, name: _average_times(profile, i, types, t)})
                 for t, data in b.tensor_parallel.items()
-                if t in _common_degrees(profile, i, types)
+                if t in common
             }
             b = replace(b, times={**b.times, name: _average_times(profile, i, types, 1)}, tensor_parallel=parallel)
+        elif any(t not in common for t in b.tensor_parallel):
+            b = replace(b, tensor_parallel={t: data for t, data in b.tensor_parallel.items() if t in common})
         blocks.append(b)
     homogeneous_profile = replace(profile, blocks=blocks)
     spec_type = slowest if mode == "slowest" else replace(slowest, name=name, memory=memory, aliases=())
@@ -373,8 +377,12 @@ class _UniformPlans:
         pp = len(layout[0])
         self.layout, self.opts, self.tp = layout, opts, tp
         self.cuts = [round(i * n / pp) for i in range(pp + 1)]
-        # a stage holds a block without that degree (an embedding, say): no plan at all
-        self.possible = all(tp in tables.tp_options(self.cuts[i], self.cuts[i + 1]) for i in range(pp))
+        # a stage holds a block without that degree (an embedding, say), or without times for a
+        # type it lands on at that degree: no plan at all
+        types = [{tables.cluster.device(a).type.name for groups in layout for a in groups[i]} for i in range(pp)]
+        self.possible = all(
+            tp in tables.tp_options(self.cuts[i], self.cuts[i + 1], t) for i in range(pp) for t in sorted(types[i])
+        )
         self.shares = equal_shares(opts.global_batch, len(layout))
         self._stages: dict[str, list[tuple[Stage, ...]]] = {}
         self._pipelines: dict[tuple[int, str], list[Pipeline]] = {}

@@ -208,12 +208,18 @@ class SlotCosts:
         self._has: dict[int, np.ndarray] = {}
         self.recompute = RECOMPUTE
 
-    def has_degree(self, tp: int) -> np.ndarray:
-        """Prefix counts of blocks lacking degree ``tp`` (a range has it where the count is unchanged)."""
-        if tp not in self._has:
-            lack = [0.0 if tp in self.tables.tp_options(b, b + 1) else 1.0 for b in range(self.tables.n)]
-            self._has[tp] = np.concatenate([[0.0], np.cumsum(lack)])
-        return self._has[tp]
+    def has_degree(self, tp: int, types: tuple[str, ...] = ()) -> np.ndarray:
+        """Prefix counts of blocks lacking degree ``tp`` (a range has it where the count is unchanged);
+        with ``types``, lacking it for any of those device types (a profile may time a degree on
+        some types only: Sailor's OPT-350 has degree 8 on the V100, not on the A100)."""
+        key = (tp, types)
+        if key not in self._has:
+            lack = [
+                0.0 if all(tp in self.tables.tp_options(b, b + 1, t) for t in types or (None,)) else 1.0
+                for b in range(self.tables.n)
+            ]
+            self._has[key] = np.concatenate([[0.0], np.cumsum(lack)])
+        return self._has[key]
 
     def prefix(self, type_name: str, count: int, option: Option, link: Link | None) -> np.ndarray:
         """Cumulative seconds of blocks ``[0, i)`` for one replica of ``count`` samples (NaN-free:
@@ -306,8 +312,9 @@ class SlotCosts:
         found = self._layouts.get(key)
         if found is None:
             found = []
+            types = tuple(sorted({d.type.name for d in slot.devices}))
             for tp in slot.degrees():
-                usable = self._usable(tp, allowed)
+                usable = self._usable(tp, allowed, types if tp > 1 else ())
                 if not usable.any():
                     continue
                 replicas, kinds, shares = self._replicas(slot, m, tp)
@@ -328,11 +335,12 @@ class SlotCosts:
             self._layouts[key] = found
         return found
 
-    def _usable(self, tp: int, allowed: tuple[frozenset[int], ...] | None) -> np.ndarray:
-        """Ranges whose every block has degree ``tp`` (and may take it, under ``allowed``)."""
-        key = (tp, allowed)
+    def _usable(self, tp: int, allowed: tuple[frozenset[int], ...] | None, types: tuple[str, ...] = ()) -> np.ndarray:
+        """Ranges whose every block has degree ``tp`` (with times for each of ``types``) and may take
+        it under ``allowed``."""
+        key = (tp, allowed, types)
         if key not in self._usable_cache:
-            lack = self.has_degree(tp)
+            lack = self.has_degree(tp, types)
             usable = self._valid & (lack[None, :] == lack[:, None])
             if allowed is not None:
                 barred = np.concatenate([[0.0], np.cumsum([0.0 if tp in a else 1.0 for a in allowed])])
