@@ -353,7 +353,10 @@ def _component_plan(
                 stages.append(Stage(cuts[s], cuts[s + 1], devices, (1.0,), tensor_parallel=tp, recompute=recompute[j]))
             pipelines.append(Pipeline(sum(micro[j]), micro[j], tuple(stages)))
     plan = Plan(sum(p.batch for p in pipelines), pipelines, schedule=rng.choice(("1f1b", "gpipe")))
-    plan.zero = int(rng.random() < 0.3)
+    plan.sync = rng.choice(("allreduce", "allreduce", "topk") + (("adasum",) if tp == 1 else ()))
+    plan.zero = int(plan.sync == "allreduce" and rng.random() < 0.3)
+    if plan.sync == "topk":
+        plan.sync_options = {"ratio": 0.01}
     data = plan.to_dict() | {"inputs": {"profile": {"path": "-"}, "cluster": {"path": "-"}}}
     return parse_plan(data, file="component plan")
 
