@@ -205,7 +205,7 @@ class SlotCosts:
         self._matrices: dict[tuple, StageCost] = {}
         self._usable_cache: dict[tuple, np.ndarray] = {}
         self._time_cache: dict[tuple, np.ndarray] = {}
-        self._has: dict[int, np.ndarray] = {}
+        self._has: dict[tuple[int, tuple[str, ...]], np.ndarray] = {}
         self.recompute = RECOMPUTE
 
     def has_degree(self, tp: int, types: tuple[str, ...] = ()) -> np.ndarray:

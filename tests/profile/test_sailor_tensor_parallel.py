@@ -54,6 +54,11 @@ def test_every_degree_of_the_real_file_is_imported_exactly(model: str) -> None:
     # the embedding and the head: vocabulary-parallel at every degree, the file's first and last rows
     last = len(profile.blocks) - 1
     assert profile.tp_degrees(0) == profile.tp_degrees(last) == profile.tp_degrees(layer)
+    # every block (LLaMA's final norm too, whole on every member) at every degree: a TP stage may hold any
+    assert all(profile.tp_degrees(b) == profile.tp_degrees(layer) for b in range(len(profile.blocks)))
+    for b in (i for i, block in enumerate(profile.blocks) if block.kind == "final_norm"):
+        for t in sorted(degrees - {1}):
+            assert profile.shard(b, t).params == profile.blocks[b].params and profile.shard(b, t).allreduce_bytes == 0
     for row in (0, last):
         for t in sorted(degrees - {1}):
             shard = profile.blocks[row].tensor_parallel[t]

@@ -205,14 +205,14 @@ def _vocab_at(
     input-gradient all-reduce (backward) and loss statistics (forward), one pass each, so half of
     them per pass (the cost model prices ``allreduce_bytes`` in both), already in the file's times."""
     h, s = config.hidden, config.seq
-    rows = -(-config.vocab // tp)
+    n = -(-config.vocab // tp)
     if kind == "embedding":
-        params = rows * h + config.positions * h
+        params = n * h + config.positions * h
         activation = float(s * h)  # the dropout mask, as the whole block's
         allreduce = FP16_BYTES * s * h / 2.0
     else:
-        params = rows * h + (0 if final_norm else 2 * h)
-        activation = 4.0 * s * h * (1.0 + rows / h)
+        params = n * h + (0 if final_norm else 2 * h)
+        activation = 4.0 * s * h * (1.0 + n / h)
         allreduce = (FP16_BYTES * s * h + 3 * s * 4) / 2.0
     return TensorParallel(
         params=params,
@@ -221,7 +221,24 @@ def _vocab_at(
         allreduce_bytes=allreduce,
         allreduce_in_time=True,
         times={
-            device: {mb: Timing(fwd=rows_[row][0], bwd=rows_[row][1], source="imported") for mb, rows_ in by_mb.items()}
+            device: {mb: Timing(fwd=rows[row][0], bwd=rows[row][1], source="imported") for mb, rows in by_mb.items()}
+            for device, by_mb in times.items()
+        },
+    )
+
+
+def _replicated_at(config: _Config, times: dict[str, dict[int, list[list[float]]]], row: int) -> TensorParallel:
+    """A final norm at any degree: every member holds and runs it whole (Megatron replicates it),
+    with the file's times at that degree and no all-reduce."""
+    sizes = _layer_sizes(config, "final_norm")
+    return TensorParallel(
+        params=int(sizes["params"]),
+        param_bytes=float(sizes["params"] * FP16_BYTES),
+        activation_bytes=sizes["activation"],
+        allreduce_bytes=0.0,
+        allreduce_in_time=True,
+        times={
+            device: {mb: Timing(fwd=rows[row][0], bwd=rows[row][1], source="imported") for mb, rows in by_mb.items()}
             for device, by_mb in times.items()
         },
     )
@@ -397,9 +414,11 @@ def _degrees_of(
     final_norm: bool,
 ) -> dict[int, TensorParallel]:
     """A block's per-degree data: a transformer layer's Megatron split, the embedding's and head's
-    vocabulary-parallel cut; a final norm has none (it stays with the layers' degree-1 figures)."""
+    vocabulary-parallel cut, a final norm whole on every member."""
     if kind == "transformer":
         return {t: _layer_at(config, t, at, row) for t, at in by_degree.items()}
+    if kind == "final_norm":
+        return {t: _replicated_at(config, at, row) for t, at in by_degree.items()}
     if kind in ("embedding", "head"):
         return {t: _vocab_at(config, kind, t, at, row, final_norm=final_norm) for t, at in by_degree.items()}
     return {}
