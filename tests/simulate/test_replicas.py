@@ -138,13 +138,19 @@ def _random_plan(
         pipelines.append(Pipeline(sum(micro), micro, tuple(stages)))
         if rng.random() < 0.1:
             break
+    return _with_random_sync(rng, pipelines, tp, "random plan")
+
+
+def _with_random_sync(rng: random.Random, pipelines: list[Pipeline], tp: int, name: str) -> Plan:
+    """A plan of ``pipelines`` with a random schedule and sync mode (Adasum only without TP, ZeRO-1
+    only under the all-reduce), parsed as a plan file would be (what a plan file may hold, checked)."""
     plan = Plan(sum(p.batch for p in pipelines), pipelines, schedule=rng.choice(("1f1b", "gpipe")))
     plan.sync = rng.choice(("allreduce", "allreduce", "topk") + (("adasum",) if tp == 1 else ()))
     plan.zero = int(plan.sync == "allreduce" and rng.random() < 0.3)
     if plan.sync == "topk":
         plan.sync_options = {"ratio": 0.01}
     data = plan.to_dict() | {"inputs": {"profile": {"path": "-"}, "cluster": {"path": "-"}}}
-    return parse_plan(data, file="random plan")  # what a plan file may hold, checked as one
+    return parse_plan(data, file=name)
 
 
 def test_random_plans_simulate_the_same_folded(monkeypatch) -> None:
@@ -352,13 +358,7 @@ def _component_plan(
                 devices = tuple(f"n{node}/{j * tp + i}" for i in range(tp))
                 stages.append(Stage(cuts[s], cuts[s + 1], devices, (1.0,), tensor_parallel=tp, recompute=recompute[j]))
             pipelines.append(Pipeline(sum(micro[j]), micro[j], tuple(stages)))
-    plan = Plan(sum(p.batch for p in pipelines), pipelines, schedule=rng.choice(("1f1b", "gpipe")))
-    plan.sync = rng.choice(("allreduce", "allreduce", "topk") + (("adasum",) if tp == 1 else ()))
-    plan.zero = int(plan.sync == "allreduce" and rng.random() < 0.3)
-    if plan.sync == "topk":
-        plan.sync_options = {"ratio": 0.01}
-    data = plan.to_dict() | {"inputs": {"profile": {"path": "-"}, "cluster": {"path": "-"}}}
-    return parse_plan(data, file="component plan")
+    return _with_random_sync(rng, pipelines, tp, "component plan")
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["analytic", "built-to-tie"])
