@@ -47,13 +47,16 @@ waited for everything, so it acts as a barrier between iterations and one iterat
 check); ``batch_isend_irecv`` on NCCL coalescing a batch onto the group's main communicator, which
 serializes *all* batches of a rank on one stream rather than one per pair (stricter than the model
 above; compiled schedules were checked under that stricter rule too, see ``docs/runtime.md``).
-Tensor parallelism's collectives inside a replica: the all-reduces inside ``F``/``B`` and the
-all-gather of a split boundary buffer right before ``F``/``B`` (:mod:`hetplan.schedule.boundary`).
-Every member of a replica runs the same action list, so they issue these in one order and each
-member reaches them after the same receives, which depend on no other member of its group: they add
-no wait the lists above could turn into a cycle. A split transfer whose piece is empty is posted by
-neither side (both compute the same :func:`~hetplan.schedule.boundary.piece`); checking the pair as
-posted is the stricter case.
+Tensor parallelism's collectives inside a replica (the all-reduces inside ``F``/``B`` and the
+all-gather of a split boundary buffer right before ``F``/``B``, :mod:`hetplan.schedule.boundary`) are
+run as barriers when the caller gives each device's group (``tp_groups``; the runtime does): the
+k-th ``F``/``B`` of a member finishes once every member of its group has reached its own k-th, so a
+member whose receives wait, through other devices, on a partner's later sends is reported as the
+cycle it is. They are kept apart from the gradient all-reduces' issue order (a group's collectives
+run on a communicator of their own, and every member issues its gradient all-reduces at the same
+places of the same list). A split transfer whose piece is empty is posted by neither side (both
+compute the same :func:`~hetplan.schedule.boundary.piece`); checking the pair as posted is the
+stricter case.
 
 ``semantics="gloo"`` is the looser model the previous validator used (sends buffered: complete
 when posted), under the same contract: a receive completes once its send has been posted, by tag,
@@ -104,11 +107,18 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def validate_programs(actions: Mapping[str, Sequence[Action]], *, semantics: str = "nccl") -> None:
+def validate_programs(
+    actions: Mapping[str, Sequence[Action]],
+    *,
+    semantics: str = "nccl",
+    tp_groups: Mapping[str, Sequence[str]] | None = None,
+) -> None:
     """Raise a one-line :class:`HetplanError` naming the devices and actions of the first problem found.
 
     ``semantics`` is ``"nccl"`` (the default: what the GPU runtime needs, and safe for gloo too) or
-    ``"gloo"`` (buffered sends, tag matching), so tests can tell the two apart.
+    ``"gloo"`` (buffered sends, tag matching), so tests can tell the two apart. ``tp_groups``: each
+    device's tensor-parallel group (``DeviceProgram.tp_group``), whose collectives inside ``F``/``B``
+    are run as barriers: the k-th ``F``/``B`` of a member finishes once every member has reached its own.
     """
     if semantics not in SEMANTICS:
         raise HetplanError(f"unknown communication semantics {semantics!r}: expected one of {', '.join(SEMANTICS)}")
@@ -120,7 +130,7 @@ def validate_programs(actions: Mapping[str, Sequence[Action]], *, semantics: str
             elif a.kind is Kind.BACKWARD and a.micro not in seen_forward:
                 raise HetplanError(f"device {device}: backward of micro-batch {a.micro} comes before its forward")
     with gc_paused():  # tens of thousands of small lists and tuples, no cycles: see gc_paused
-        run = _AbstractRun(actions, nccl=semantics == "nccl")
+        run = _AbstractRun(actions, nccl=semantics == "nccl", tp_groups=tp_groups)
         run.execute()
         if semantics == "nccl":
             run.check_pair_order()
@@ -180,7 +190,13 @@ class _AbstractRun:
     Under gloo every operation is its own queue, so nothing waits behind anything.
     """
 
-    def __init__(self, actions: Mapping[str, Sequence[Action]], *, nccl: bool) -> None:
+    def __init__(
+        self,
+        actions: Mapping[str, Sequence[Action]],
+        *,
+        nccl: bool,
+        tp_groups: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
         self.nccl = nccl
         self.label = _LABEL["nccl" if nccl else "gloo"]
         self.names: list[str] = list(actions)
@@ -210,6 +226,15 @@ class _AbstractRun:
         self.dev_coll_pos: list[list[int]] = [[] for _ in range(n_dev)]  # position of each in the list
         self.coll_issued = [0] * n_dev
         self.coll_head = [0] * n_dev
+        # tensor-parallel groups: the k-th F/B of every member meets (a barrier: the blocks' all-reduces)
+        index = {name: d for d, name in enumerate(self.names)}
+        self.tp_members: list[tuple[int, ...]] = []
+        for name in self.names:
+            group = tuple(index[m] for m in (tp_groups or {}).get(name, ()) if m in index)
+            self.tp_members.append(group if len(group) > 1 else ())
+        self.tp_reached = [0] * n_dev  # F/B actions passed
+        self.tp_arrived: dict[tuple[tuple[int, ...], int], int] = {}  # (group, k) -> members there
+        self.tp_waiting = [-1] * n_dev  # the k the device has arrived at and waits on (-1: none)
         # hosts
         self.pc = [0] * n_dev
         self.outstanding = [0] * n_dev  # sends and collectives issued and not complete
@@ -396,6 +421,8 @@ class _AbstractRun:
         while pc < n:
             kind = acts[pc].kind
             if kind is forward or kind is backward:
+                if self.tp_members[d] and not self._tp_barrier(d):
+                    break
                 pc += 1
             elif kind is allreduce:
                 self._issue(d)
@@ -412,6 +439,22 @@ class _AbstractRun:
                     break
                 pc = self.batch_end[batch]
         self.pc[d] = pc
+
+    def _tp_barrier(self, d: int) -> bool:
+        """Device ``d`` at an ``F``/``B`` of a tensor-parallel group: whether it may pass (every member
+        has reached its own k-th ``F``/``B``); the last to arrive wakes the others."""
+        group, k = self.tp_members[d], self.tp_reached[d]
+        key = (group, k)
+        if self.tp_waiting[d] != k:
+            self.tp_waiting[d] = k
+            self.tp_arrived[key] = self.tp_arrived.get(key, 0) + 1
+            if self.tp_arrived[key] == len(group):
+                self.runnable.extend(m for m in group if m != d)
+        if self.tp_arrived[key] < len(group):
+            return False
+        self.tp_waiting[d] = -1
+        self.tp_reached[d] = k + 1
+        return True
 
     def _post(self, d: int, batch: int) -> None:
         """Post a batch: its segments join their queues; those at a queue's head start progressing."""
@@ -564,6 +607,12 @@ class _AbstractRun:
         acts = self.programs[d]
         pc = self.pc[d]
         name = self.names[d]
+        if pc < len(acts) and acts[pc].kind in (Kind.FORWARD, Kind.BACKWARD) and self.tp_members[d]:
+            k = self.tp_reached[d]
+            behind = [m for m in self.tp_members[d] if self.tp_reached[m] <= k and self.tp_waiting[m] != k]
+            target = behind[0] if behind else d
+            names = ", ".join(self.names[m] for m in behind)
+            return f"{name} at {acts[pc]} (its tensor-parallel group waits for {names} to reach it)", target
         if pc < len(acts) and acts[pc].kind in _TRANSFERS:
             batch = self.batch_of[d][pc]
             left = [x for x in self.batch_ops[batch] if not self.op_done[x]]

@@ -230,7 +230,7 @@ def run(args: argparse.Namespace, where: _Where) -> None:
         dist.destroy_process_group()
         return
     programs = {a: p.actions for a, p in compiled.programs.items()}
-    validate_programs(programs)
+    validate_programs(programs, tp_groups={a: p.tp_group for a, p in compiled.programs.items()})
     validate_p2p_groups(programs, p2p_groups(config, backend), semantics="nccl" if backend == "nccl" else "gloo")
     mine = compiled.programs[address].render()
     if mine != config.devices[address].actions:

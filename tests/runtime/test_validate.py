@@ -486,3 +486,43 @@ def test_a_large_compiled_plan_is_checked_quickly() -> None:
 def test_the_validator_imports_no_torch() -> None:
     code = "import sys, hetplan.runtime.validate; assert not any(m.startswith('torch') for m in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- tensor-parallel groups: the all-reduces inside F/B as barriers ------------------------------------
+
+
+def test_a_tensor_parallel_barrier_that_closes_a_cycle_is_refused() -> None:
+    """b (a's TP partner) waits for c's send, which c makes after computing on a's send, which a
+    makes after its F0; with a and b a TP group, a's F0 waits for b: a cycle the lists alone do not show."""
+    programs = programs_of(a="F0 SA0>c", b="RA0<c F0", c="RA0<a F0 SA0>b")
+    check_both(programs)  # without the group: no wait at F0
+    groups = {"a": ("a", "b"), "b": ("a", "b")}
+    for semantics in ("nccl", "gloo"):
+        with pytest.raises(HetplanError, match=r"a at F0 \(its tensor-parallel group waits for b to reach it\)"):
+            validate_programs(programs, semantics=semantics, tp_groups=groups)
+
+
+@pytest.mark.parametrize(
+    ("degrees", "schedule"),
+    [((2, 2), "1f1b"), ((2, 1), "1f1b"), ((1, 2), "gpipe"), ((2, 4), "1f1b"), ((4, 2), "gpipe")],
+)
+def test_compiled_tensor_parallel_plans_pass_with_their_groups(degrees: tuple[int, int], schedule: str) -> None:
+    """Split boundary sends (each member receives its chunk) and TP barriers at every F/B, on two
+    replicated pipelines: what the compiler makes passes, under both semantics."""
+    first, second = degrees
+    pipelines = []
+    for p in range(2):
+        base = p * (first + second)
+        devices_a = tuple(f"n0/{base + i}" for i in range(first))
+        devices_b = tuple(f"n0/{base + first + i}" for i in range(second))
+        stages = (
+            Stage(0, 3, devices_a, (1.0,), tensor_parallel=first),
+            Stage(3, 6, devices_b, (1.0,), tensor_parallel=second),
+        )
+        pipelines.append(Pipeline(4, (1, 2, 1), stages))
+    plan = Plan(8, pipelines, schedule=schedule)
+    programs = compile_plan(plan, 6).programs
+    groups = {a: p.tp_group for a, p in programs.items()}
+    assert any(len(g) > 1 for g in groups.values())
+    for semantics in ("nccl", "gloo"):
+        validate_programs({a: p.actions for a, p in programs.items()}, semantics=semantics, tp_groups=groups)
