@@ -189,8 +189,8 @@ def central_record(rank: int, sync: str, peak: float) -> dict[str, Any]:
     }
 
 
-def is_central(data: Mapping[str, Any]) -> bool:
-    """Whether a run-log line (a dict) is the central process's, not a step's."""
+def is_central(data: Any) -> bool:
+    """Whether a run-log line (parsed JSON, of any shape) is the central process's, not a step's."""
     return isinstance(data, Mapping) and data.get("kind") == "central"
 
 
