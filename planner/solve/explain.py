@@ -80,7 +80,9 @@ def _stage_reason(tables: CostTables, costs: SlotCosts, cluster: Cluster, plan: 
     holders = all_holders if plan.zero else 1
     shared = all_holders > 1
     link = costs.tp_link(slot)
-    degrees = [t for t in slot.degrees() if t in tables.tp_options(stage.start, stage.end)]
+    # only the degrees every device type of the stage has times for (a profile may lack some)
+    types = {d.type.name for d in devices}
+    degrees = [t for t in slot.degrees() if all(t in tables.tp_options(stage.start, stage.end, n) for n in types)]
     priced = {
         (t, r): _priced(tables, costs, link, stage, device, m, held, holders, shared, (t, r))
         for t in degrees

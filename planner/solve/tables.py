@@ -141,11 +141,11 @@ class CostTables:
         """Forward + backward seconds of one micro-batch of ``m`` samples on one replica of blocks
         ``[start, end)``: at degree ``tp`` each member's compute plus the blocks' all-reduces over
         ``tp_link`` (the node's own link), with what ``recompute`` adds (the simulator's formula).
-        NaN where a block lacks the degree (see :meth:`tp_options`)."""
+        NaN where a block lacks the degree, or times for ``type_name`` at it (see :meth:`tp_options`)."""
         if tp == 1 and recompute == "none":
             p = self.prefix(type_name, m)
             return float(p[end] - p[start])
-        if tp > 1 and tp not in self.tp_options(start, end):
+        if tp > 1 and tp not in self.tp_options(start, end, type_name):
             return float("nan")
         link = (tp_link.bandwidth, tp_link.latency) if tp_link is not None and tp > 1 else None
         p = self._tp_prefix(type_name, m, tp, recompute, link)

@@ -1,7 +1,8 @@
 """A profile may time a tensor-parallel degree on some device types only (Sailor's OPT-350 has
-degree 8 on the V100 and not on the A100-40): the search and the Megatron-style baseline offer a
-degree to a slot only where every block of the range has times for its types at that degree. Both
-raised "has no times for A100-40GB at tensor-parallel degree 8" before."""
+degree 8 on the V100 and not on the A100-40): the search, the Megatron-style and homogeneous
+baselines and the plan's explanation offer a degree to a slot only where every block of the range
+has times for its types at that degree. Planning raised "has no times for A100-40GB at
+tensor-parallel degree 8" before."""
 
 from __future__ import annotations
 
@@ -68,3 +69,20 @@ def test_sailor_opt350_plans_on_a100s_beside_v100s() -> None:
     assert 8 in profile.tp_degrees(1) and 8 not in profile.tp_degrees(1, cluster.catalog.get("A100-40GB"))
     result = plan_training(profile, cluster, PlanOptions(global_batch=512))
     assert result.sim.iteration_s > 0
+
+
+def test_why_a_stage_runs_as_it_does_prices_only_the_degrees_its_type_has() -> None:
+    """A stage of two A100s: degree 2 has no A100 times, so the explanation leaves it out (it
+    priced it at 0 s and called it faster)."""
+    from hetplan.contracts.plan import Pipeline, Plan, Stage
+    from hetplan.solve.explain import explain_plan
+    from hetplan.solve.search import search_plans
+
+    profile = _profile_with_degree_2_on_the_v100_only()
+    cluster = make_cluster([("n0", [(A100, 2)]), ("n1", [(V100, 2)])])
+    searched = search_plans(profile, cluster, PlanOptions(global_batch=8))
+    stages = (Stage(0, 4, ("n0/0", "n0/1"), (0.5, 0.5)),)
+    plan = Plan(8, [Pipeline(8, (2, 2, 2, 2), stages)])
+    [entry] = explain_plan(plan, searched.search.tables, searched.search.slot_costs, cluster, None)["stages"]
+    assert "degree 2" not in entry["why"] and "TP 2" not in entry["why"], entry
+    assert entry["why"].startswith("TP 1: the only degree")
