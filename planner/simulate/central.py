@@ -84,8 +84,9 @@ def central_memory(plan: Plan, profile: ModelProfile, cluster: Cluster, *, optim
     open_clocks = int(plan.sync_option("staleness")) + 1
     message = FP32_BYTES * largest_device
     step = STEP_TEMPORARIES[optimizer] * FP32_BYTES * largest_tensor
-    used = {d for p in plan.pipelines for d in p.devices()}
-    node = next(n.name for n in cluster.nodes if any(d.address in used for d in cluster.devices if d.node == n.name))
+    # the first node of the cluster file that holds a device of the plan, as the rank config places it
+    order = {n.name: i for i, n in enumerate(cluster.nodes)}
+    node = min({cluster.device(a).node for p in plan.pipelines for a in p.devices()}, key=order.__getitem__)
     return CentralMemory(
         node=node,
         weights=FP32_BYTES * params,
