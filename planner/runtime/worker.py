@@ -205,6 +205,7 @@ def run(args: argparse.Namespace, where: _Where) -> None:
     # same order; sdpipe's leaves the central process out (it holds no state)
     ckpt_group = _checkpoint_group(args, backend, config, rank_of)
     save_steps = _save_steps(args, config) if args.save or args.resume else ()
+    log_path = args.log.replace("{rank}", str(rank)) if args.log else None  # this rank's run log
     if address == CENTRAL:
         where.doing = f"serving as the {config.plan.sync} central process"
         checkpoints = None
@@ -224,8 +225,8 @@ def run(args: argparse.Namespace, where: _Where) -> None:
             peak = run_central(config, compiled, rank_of, checkpoints)
         except HetplanError as exc:
             raise RankFailureError(f"{where}: {exc}") from None
-        if peak is not None and args.log:
-            with open(args.log.replace("{rank}", str(rank)), "a", encoding="utf-8") as log:
+        if peak is not None and log_path:
+            with open(log_path, "a", encoding="utf-8") as log:
                 log.write(json.dumps(central_record(rank, config.plan.sync, peak)) + "\n")
         dist.destroy_process_group()
         return
@@ -279,7 +280,6 @@ def run(args: argparse.Namespace, where: _Where) -> None:
         except TimeoutError as exc:
             raise RankFailureError(f"{where}: {exc}") from None
     saver = _Saver(args, config, compiled, executor, rank_of, ckpt_group, where) if args.save else None
-    log_path = args.log.replace("{rank}", str(rank)) if args.log else None
     log = open(log_path, "a", encoding="utf-8") if log_path else None  # noqa: SIM115 - closed below
     entry = config.devices[address]
     try:

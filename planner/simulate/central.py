@@ -20,8 +20,8 @@ model's parameters and ``D`` the staleness bound, what it holds (fp32, 4 bytes a
   steps, which torch's per-parameter Adam makes two of for the largest parameter tensor
   (``exp_avg_sq.sqrt() / bias_correction`` before ``addcdiv_``: ``8·p_max``); SGD and momentum
   update in place. A profile does not list tensors, so ``p_max`` is bounded by the largest block's
-  parameters (a transformer layer's largest tensor is a third of its own; the message, a whole
-  stage's, is the larger of the two on every model of the zoo).
+  parameters (a transformer layer's largest tensor is a third of its own), which over-counts where the
+  step's temporaries exceed the message (a whole stage's elements, usually the larger).
 
 Not counted: the interpreter and libraries (several hundred MB of resident memory for a process that
 imports torch) and the module buffers (BatchNorm statistics) the server builds but never uses.
